@@ -1,0 +1,93 @@
+"""The KV cache: each layer's keys and values of every position already seen."""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import Config
+
+
+class KVCache:
+    """Per layer, K and V of shape [T, Hkv, d], stored after RoPE (when the model uses it).
+
+    Storage is preallocated and grows geometrically (doubling), so appending one decode
+    step's row is O(1) amortised instead of copying the whole cache every step. The cache
+    remembers the config it was made for and refuses to serve a model of another shape."""
+
+    def __init__(self, config: Config, dtype=np.float32, capacity: int = 16):
+        self.config = config
+        self.dtype = np.dtype(dtype)
+        capacity = max(1, min(int(capacity), config.max_context))
+        shape = (capacity, config.n_kv_heads, config.head_dim)
+        self.k = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x [cap, Hkv, d]
+        self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        self.lengths = [0] * config.n_layers  # filled rows per layer
+
+    def __len__(self) -> int:
+        """Positions held (the same in every layer; a cache whose layers disagree is broken)."""
+        return self.check_lengths()
+
+    def check_lengths(self) -> int:
+        first = self.lengths[0]
+        if any(n != first for n in self.lengths):
+            raise ValueError(
+                f"KV cache is inconsistent: per-layer lengths {self.lengths} differ. Every layer "
+                f"must hold the same positions; rebuild the cache (e.g. prefill again).")
+        return first
+
+    def check(self, config: Config, dtype=None) -> None:
+        """Raise unless this cache was made for `config` (and `dtype`, when given)."""
+        if config != self.config:
+            diff = {f: (getattr(self.config, f), getattr(config, f)) for f in config.to_dict()
+                    if getattr(self.config, f) != getattr(config, f)}
+            raise ValueError(
+                f"KV cache was made for another model: config fields differ (cache, model): {diff}. "
+                f"Make a new cache for this model with model.new_cache().")
+        if dtype is not None and np.dtype(dtype) != self.dtype:
+            raise ValueError(f"KV cache holds {self.dtype} but the model computes in {np.dtype(dtype)}; "
+                             f"make a new cache with model.new_cache().")
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the K and V rows actually held: len * 2 * L * Hkv * d * itemsize."""
+        return len(self) * self.config.kv_bytes_per_token(self.dtype.itemsize)
+
+    @property
+    def allocated_nbytes(self) -> int:
+        """Bytes reserved, including the rows preallocated for growth."""
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def append(self, layer: int, k_new, v_new):
+        """Store S new rows for `layer`; return that layer's K, V for all T positions (views)."""
+        n, start = k_new.shape[0], self.lengths[layer]
+        end = start + n
+        if end > self.capacity:
+            self._grow(layer, max(end, 2 * self.capacity))
+        self.k[layer][start:end] = k_new
+        self.v[layer][start:end] = v_new
+        self.lengths[layer] = end
+        return self.k[layer][:end], self.v[layer][:end]  # [T, Hkv, d]
+
+    def _grow(self, layer: int, capacity: int) -> None:
+        for store in (self.k, self.v):
+            old = store[layer]
+            new = np.zeros((capacity,) + old.shape[1:], self.dtype)
+            new[: self.lengths[layer]] = old[: self.lengths[layer]]
+            store[layer] = new
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (e.g. to branch from a shared prompt)."""
+        if not 0 <= length <= len(self):
+            raise ValueError(f"cannot truncate a cache of {len(self)} positions to {length}")
+        self.lengths = [length] * self.config.n_layers
+
+    def copy(self) -> "KVCache":
+        other = KVCache(self.config, self.dtype, capacity=max(1, len(self)))
+        for layer in range(self.config.n_layers):
+            n = self.lengths[layer]
+            other.k[layer][:n], other.v[layer][:n] = self.k[layer][:n], self.v[layer][:n]
+        other.lengths = list(self.lengths)
+        return other

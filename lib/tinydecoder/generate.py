@@ -1,0 +1,101 @@
+"""The generation loop: prefill once, then feed only the newly chosen token each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import Config
+from .model import Model, check_token_ids, forward
+
+
+@dataclass
+class Event:
+    step: int  # 1-based round
+    phase: str  # "prefill" (the first round) or "decode"
+    input_rows: int  # positions fed to the model this round
+    context_tokens: int  # positions in context after this round (= cache length)
+    next_token: int  # the token chosen from this round's last-position logits
+    logits: np.ndarray  # the last position's logits [V]
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "phase": self.phase, "input_rows": self.input_rows,
+                "context_tokens": self.context_tokens, "next_token": self.next_token,
+                "logits": [float(x) for x in self.logits]}
+
+
+@dataclass
+class Generation:
+    tokens: list  # the prompt followed by the generated tokens
+    prompt_length: int
+    events: list = field(default_factory=list)
+    projected_rows: int = 0  # positions pushed through the projections, summed over layers
+    score_pairs: int = 0  # query-key pairs scored, summed over layers and query heads
+    cache: object = None  # the KV cache after the last round (None for full recompute)
+
+    @property
+    def new_tokens(self) -> list:
+        return self.tokens[self.prompt_length:]
+
+    def to_dict(self) -> dict:
+        return {"tokens": list(self.tokens), "projected_rows": self.projected_rows,
+                "score_pairs": self.score_pairs, "events": [e.to_dict() for e in self.events]}
+
+
+def work_counts(config: Config, past: int, new: int) -> tuple:
+    """Work of one forward call over `new` positions after `past` cached ones.
+
+    projected rows = L * new; score pairs = L * Hq * sum_{i<new} (past + i + 1)."""
+    pairs_per_head = new * past + new * (new + 1) // 2
+    return config.n_layers * new, config.n_layers * config.n_heads * pairs_per_head
+
+
+def greedy(logits) -> int:
+    """The highest-scoring token (the lowest id among ties)."""
+    return int(np.argmax(logits))
+
+
+def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_cache: bool = True,
+             cache=None, stop_tokens=(), on_token=None) -> Generation:
+    """Generate up to `max_new_tokens` tokens after `prompt`.
+
+    use_cache=True: round 1 prefills the prompt into a KV cache, every later round feeds only
+    the token chosen in the round before. use_cache=False recomputes the whole context every
+    round (the slow reference path). A cache passed in may already hold a prefix of the
+    prompt; only the rest is prefilled. `sampler(logits) -> id` picks each token (greedy by
+    default); generation stops after a token in `stop_tokens`; `on_token(id)` streams."""
+    cfg = model.config
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    tokens = [int(t) for t in check_token_ids(cfg, prompt)]
+    needed = len(tokens) + max_new_tokens - 1  # the last chosen token is never fed back
+    if needed > cfg.max_context:
+        raise ValueError(f"context too long: a {len(tokens)}-token prompt plus {max_new_tokens} new tokens "
+                         f"needs {needed} positions, but this model's context limit is {cfg.max_context}")
+    if use_cache:
+        if cache is None:
+            cache = model.new_cache(capacity=needed)
+        else:
+            cache.check(cfg, model.dtype)
+            if len(cache) >= len(tokens):
+                raise ValueError(f"the cache already holds {len(cache)} positions; the prompt "
+                                 f"({len(tokens)} tokens) must extend it by at least one token")
+    elif cache is not None:
+        raise ValueError("use_cache=False recomputes everything; do not pass a cache")
+    result = Generation(tokens=tokens, prompt_length=len(tokens), cache=cache if use_cache else None)
+    for step in range(1, max_new_tokens + 1):
+        past = len(cache) if use_cache else 0
+        new = tokens[past:]
+        logits = forward(model, new, cache if use_cache else None, last_only=True)[-1]  # [V]
+        rows, pairs = work_counts(cfg, past, len(new))
+        result.projected_rows += rows
+        result.score_pairs += pairs
+        token = int(sampler(logits))
+        result.events.append(Event(step, "prefill" if step == 1 else "decode", len(new),
+                                   past + len(new), token, logits))
+        tokens.append(token)
+        if on_token is not None:
+            on_token(token)
+        if token in stop_tokens:
+            break
+    return result
