@@ -64,8 +64,9 @@ class KVCache:
         """Store S new rows for `layer`; return that layer's K, V for all T positions (views)."""
         n, start = k_new.shape[0], self.lengths[layer]
         end = start + n
-        if end > self.capacity:
-            self._grow(layer, max(end, 2 * self.capacity))
+        capacity = self.k[layer].shape[0]
+        if end > capacity:  # double (never past the context limit): O(1) amortised per row
+            self._grow(layer, max(end, min(2 * capacity, self.config.max_context)))
         self.k[layer][start:end] = k_new
         self.v[layer][start:end] = v_new
         self.lengths[layer] = end

@@ -40,3 +40,26 @@ def toy_model(seed: int = 7, dtype=np.float64) -> Model:
               for _ in range(cfg.n_layers)]
     lm_head = draw(cfg.d_model, cfg.vocab_size)
     return Model(cfg, embed=embed, layers=layers, pos_table=pos_table, lm_head=lm_head)
+
+
+def random_model(config: Config, seed: int = 0, dtype=np.float32, scale: float = 0.2) -> Model:
+    """A model of any config with uniform(-scale, scale) weights from np.random.default_rng(seed);
+    norm weights (when the config has them) are 1 + small noise. For tests and experiments."""
+    rng = np.random.default_rng(seed)
+    D, F, V = config.d_model, config.d_ff, config.vocab_size
+    q_width, kv_width = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+
+    def draw(*shape):
+        return rng.uniform(-scale, scale, size=shape).astype(dtype)
+
+    def norm():
+        return (1.0 + 0.1 * rng.standard_normal(D)).astype(dtype) if config.norm_scale else None
+
+    embed = draw(V, D)
+    pos_table = draw(config.max_context, D) if config.position == "table" else None
+    layers = [LayerWeights(wq=draw(D, q_width), wk=draw(D, kv_width), wv=draw(D, kv_width),
+                           wo=draw(q_width, D), w_gate=draw(D, F), w_up=draw(D, F), w_down=draw(F, D),
+                           attn_norm=norm(), ffn_norm=norm())
+              for _ in range(config.n_layers)]
+    lm_head = None if config.tied_embeddings else draw(D, V)
+    return Model(config, embed=embed, layers=layers, final_norm=norm(), pos_table=pos_table, lm_head=lm_head)

@@ -1,0 +1,97 @@
+"""Chunked prefill: feed a prompt to the model a few tokens at a time.
+
+A prompt of S tokens need not go through the model in one pass. Cut it into chunks of at most
+C tokens; chunk j covers positions a..b-1 and runs `forward` on those b - a rows with the cache
+that already holds positions 0..a-1. Its queries see every cached key plus the keys of the
+chunk up to themselves, so the mask of a chunk is a rectangle with a triangle cut:
+
+    rows    = b - a            (the chunk's queries)
+    columns = b                (a cached keys + the chunk's own b - a keys)
+    mask[i, j] = 0  if j <= a + i  else -inf        (= ops.causal_mask(b - a, b))
+
+Every query sees exactly the keys it would see in a one-shot prefill, so the logits are the
+same for every chunk size (up to float rounding); the cache ends up the same too.
+
+    from tinydecoder import toy_model
+    from tinydecoder.chunked import prefill_chunked, chunk_masks
+    run = prefill_chunked(toy_model(), [0, 1, 2, 3, 4], chunk_size=2)
+    run.logits.shape        # (5, 6): one row per prompt position, as forward() gives
+    run.spans               # [(0, 2), (2, 4), (4, 5)]
+    [m.shape for m in chunk_masks(5, 2)]   # [(2, 2), (2, 4), (1, 5)]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .generate import work_counts
+from .model import Model, check_token_ids, forward
+from .ops import causal_mask
+
+
+def _check_chunk_size(chunk_size) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def chunk_spans(n_tokens: int, chunk_size: int, start: int = 0) -> list:
+    """[(a, b), ...]: the positions start..n_tokens-1 cut into chunks of at most chunk_size.
+
+    Every chunk is full except perhaps the last: chunk_spans(5, 2) == [(0, 2), (2, 4), (4, 5)]."""
+    chunk_size = _check_chunk_size(chunk_size)
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 0:
+        raise ValueError(f"n_tokens must be an integer >= 0, got {n_tokens!r}")
+    if not 0 <= start <= n_tokens:
+        raise ValueError(f"start must be in 0..{n_tokens} (the tokens to cut), got {start!r}")
+    return [(a, min(a + chunk_size, int(n_tokens))) for a in range(int(start), int(n_tokens), chunk_size)]
+
+
+def chunk_masks(n_tokens: int, chunk_size: int, past: int = 0, dtype=np.float32) -> list:
+    """The additive mask of every chunk: chunk j is [b - a, b] (rows: its queries, columns:
+    every position 0..b-1 it may look at), 0 where visible, -inf in the cut-off triangle.
+
+    `past` positions already cached (e.g. by prefix reuse) are seen by every row."""
+    return [causal_mask(b - a, b, dtype) for a, b in chunk_spans(past + n_tokens, chunk_size, start=past)]
+
+
+def one_shot_mask_from_chunks(masks) -> np.ndarray:
+    """Stack chunk masks (each padded with -inf on the right to the last one's width) into one
+    [S, S] matrix: for chunks that start at position 0 it equals causal_mask(S, S)."""
+    width = masks[-1].shape[1]
+    rows = [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-np.inf) for m in masks]
+    return np.concatenate(rows, axis=0)
+
+
+@dataclass
+class ChunkedPrefill:
+    logits: np.ndarray  # [S, V]: every prompt position's logits, chunk after chunk
+    spans: list  # [(a, b)] the positions of each chunk
+    cache: object  # the cache after the last chunk (holds past + S positions)
+    score_pairs: list  # query-key pairs scored per chunk, summed over layers and query heads
+
+    @property
+    def last_logits(self) -> np.ndarray:
+        return self.logits[-1]  # [V]: what picks the first generated token
+
+
+def prefill_chunked(model: Model, prompt, chunk_size: int, cache=None) -> ChunkedPrefill:
+    """Prefill `prompt` into `cache` (a new one when None) chunk by chunk, one forward call per
+    chunk. Returns every position's logits [S, V] (equal to forward(model, prompt) up to float
+    rounding), the chunk spans, the filled cache and the work of each chunk.
+
+    A cache passed in may already hold a prefix (positions 0..past-1); `prompt` then holds only
+    the tokens after it, and spans count from `past`."""
+    cfg = model.config
+    ids = check_token_ids(cfg, prompt)
+    chunk_size = _check_chunk_size(chunk_size)
+    if cache is None:
+        cache = model.new_cache(capacity=len(ids))
+    past = len(cache)
+    spans = chunk_spans(past + len(ids), chunk_size, start=past)
+    logits, pairs = [], []
+    for a, b in spans:
+        logits.append(forward(model, ids[a - past:b - past], cache))  # [b - a, V]
+        pairs.append(work_counts(cfg, a, b - a)[1])
+    return ChunkedPrefill(np.concatenate(logits, axis=0), spans, cache, pairs)
