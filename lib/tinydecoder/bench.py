@@ -1,0 +1,302 @@
+"""The roofline, measured: this machine's two roofs, the arithmetic intensity of every op of a
+layer (from a `Trace`), and the model's prefill, decode and batched-decode speed.
+
+    attainable FLOP/s = min(peak matmul FLOP/s, bandwidth * intensity),
+    intensity = FLOPs / bytes moved (each input read once, the output written once).
+
+An op whose intensity is below the ridge point (peak / bandwidth) waits on memory; above it,
+on arithmetic. A decode step multiplies one row by every weight matrix: ~2 FLOPs per 4-byte
+float32 weight, 0.5 FLOP/byte, far below the ridge. Prefill and batched decode reuse each
+weight for many rows, so their intensity grows with the number of rows.
+
+Timings use time.perf_counter and report medians; nothing here asserts a speed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from .model import Model, forward, forward_batch
+from .trace import Trace
+
+MATMUL_OPS = ("q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "lm_head")
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+# ----------------------------------------------------------------------------- intensity
+
+def op_cost(record, itemsize: int) -> tuple:
+    """(FLOPs, bytes moved) of one traced op, with `itemsize` bytes per number.
+
+    matmul x[M, K] @ w[K, N]: 2MKN FLOPs; bytes (MK + KN + MN) * itemsize.
+    attention q[S,Hq,d], K, V [T,Hkv,d] -> [S, Hq*d]: 4*Hq*S*T*d FLOPs; bytes of q, K, V and the
+    output (the scores stay in cache: the ideal, fused kernel's traffic).
+    embed: N rows read and written. Other elementwise ops (norms, RoPE, SwiGLU): 0 FLOPs in the
+    trace; bytes of their inputs and output."""
+    size = lambda shape: int(np.prod(shape, dtype=np.int64))
+    if record.op == "embed":
+        moved = 2 * size(record.output)
+    else:
+        moved = sum(size(s) for s in record.inputs) + size(record.output)
+    return int(record.flops), int(moved) * int(itemsize)
+
+
+def layer_intensities(trace: Trace, itemsize: int, layer=0) -> dict:
+    """Per op of one layer (and the LM head, which has layer None), summed over the sequences
+    of a batch: {op: {"flops", "bytes", "intensity"}}, in execution order, ops with FLOPs only."""
+    out = {}
+    for r in trace.ops:
+        if r.flops == 0 or not (r.layer == layer or r.op == "lm_head"):
+            continue
+        flops, moved = op_cost(r, itemsize)
+        entry = out.setdefault(r.op, {"flops": 0, "bytes": 0})
+        entry["flops"] += flops
+        entry["bytes"] += moved
+    for entry in out.values():
+        entry["intensity"] = entry["flops"] / entry["bytes"]
+    return out
+
+
+def attainable_gflops(intensity, bandwidth_gbps: float, peak_gflops: float):
+    """The roofline: min(peak, bandwidth * intensity), in GFLOP/s (intensity in FLOP/byte)."""
+    return np.minimum(peak_gflops, bandwidth_gbps * np.asarray(intensity, dtype=np.float64))
+
+
+def ridge_point(bandwidth_gbps: float, peak_gflops: float) -> float:
+    """The intensity (FLOP/byte) where the two roofs meet."""
+    return peak_gflops / bandwidth_gbps
+
+
+def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_gflops: float) -> float:
+    """The roofline's time for a traced pass: every op takes max(bytes / bandwidth, FLOPs / peak)."""
+    total = 0.0
+    for r in trace.ops:
+        flops, moved = op_cost(r, itemsize)
+        total += max(moved / (bandwidth_gbps * 1e9), flops / (peak_gflops * 1e9))
+    return total
+
+
+def traced(model: Model, batch, caches, last_only=True) -> Trace:
+    """Run forward_batch with a trace (attention weights not kept) on copies of the caches,
+    so the caches passed in are left as they were."""
+    trace = Trace(keep_weights=False)
+    copies = [None if c is None else c.copy() for c in caches]
+    forward_batch(model, batch, copies, last_only=last_only, trace=trace)
+    return trace
+
+
+# ----------------------------------------------------------------------------- timing
+
+def median_seconds(fn, repeat: int = 5, warmup: int = 1, after=None) -> float:
+    """Median wall time of fn() over `repeat` calls, after `warmup` untimed calls; `after()`
+    (untimed) runs after every call, e.g. to truncate a cache back."""
+    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
+        raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
+    times = []
+    for i in range(warmup + repeat):
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        if after is not None:
+            after()
+        if i >= warmup:
+            times.append(elapsed)
+    return float(np.median(times))
+
+
+def measure_bandwidth(nbytes: int = 2**28, repeat: int = 5) -> dict:
+    """Memory bandwidth from a float32 matrix-vector product x[1, K] @ W[K, N] with W of
+    `nbytes` (default 268 MB, far larger than any cache): the access pattern of a decode
+    step, which reads every weight once. Also a plain copy (read + write) for comparison.
+    -> {"bandwidth_gbps", "copy_gbps", "bytes", "seconds"}."""
+    n = max(64, int(math.isqrt(nbytes // 4)))
+    w = np.full((n, n), 0.5, dtype=np.float32)  # [K, N], every page touched
+    x = np.ones((1, n), dtype=np.float32)
+    y = np.empty((1, n), dtype=np.float32)
+    seconds = median_seconds(lambda: np.matmul(x, w, out=y), repeat)
+    dst = np.empty_like(w)
+    copy_seconds = median_seconds(lambda: np.copyto(dst, w), repeat)
+    return {"bandwidth_gbps": w.nbytes / seconds / 1e9, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
+            "bytes": int(w.nbytes), "seconds": seconds}
+
+
+def measure_matmul(n: int = 2048, repeat: int = 3) -> dict:
+    """Matmul FLOP/s from a float32 [n, n] @ [n, n] product (2 n^3 FLOPs).
+    -> {"matmul_gflops", "n", "seconds"}."""
+    a = np.full((n, n), 0.5, dtype=np.float32)
+    b = np.full((n, n), 0.25, dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+    seconds = median_seconds(lambda: np.matmul(a, b, out=c), repeat)
+    return {"matmul_gflops": 2 * n**3 / seconds / 1e9, "n": n, "seconds": seconds}
+
+
+def bench_tokens(model: Model, n: int, seed: int = 0) -> list:
+    """n deterministic token ids (what they say does not change the speed)."""
+    low = min(17, model.config.vocab_size - 1)  # past SmolLM2's control tokens when there are that many
+    return np.random.default_rng(seed).integers(low, model.config.vocab_size, size=n).tolist()
+
+
+def prefill_speed(model: Model, prompt_length: int, repeat: int = 3) -> dict:
+    """Prefill of a `prompt_length`-token prompt into a fresh cache (last_only=True, as
+    `generate` does). -> {"tokens_per_second", "seconds", "gflops"} (FLOPs from a trace)."""
+    ids = bench_tokens(model, prompt_length)
+    seconds = median_seconds(lambda: forward(model, ids, model.new_cache(prompt_length), last_only=True), repeat)
+    flops = traced(model, [ids], [None]).total_flops()
+    return {"tokens_per_second": prompt_length / seconds, "seconds": seconds, "gflops": flops / seconds / 1e9}
+
+
+def prefilled_cache(model: Model, context: int):
+    """A cache holding `context` positions (prefilled in chunks of at most 512 rows)."""
+    ids = bench_tokens(model, context, seed=1)
+    cache = model.new_cache(context + 1)
+    for start in range(0, context, 512):
+        forward(model, ids[start:start + 512], cache, last_only=True)
+    return cache
+
+
+def decode_speed(model: Model, contexts, steps: int = 5, cache=None) -> dict:
+    """Decode tokens/s of one sequence after each context length in `contexts`: the longest is
+    prefilled once, truncated to each length, and every timed step is undone (truncate) so
+    each step sees exactly that context (a cache passed in is copied, not changed).
+    -> {context: {"tokens_per_second", "seconds"}}, in the order of `contexts`."""
+    contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
+    cache = prefilled_cache(model, contexts[0]) if cache is None else cache.copy()
+    token = bench_tokens(model, 1, seed=2)
+    out = {}
+    for c in contexts:
+        cache.truncate(c)
+        seconds = median_seconds(lambda: forward(model, token, cache, last_only=True), steps,
+                                 after=lambda: cache.truncate(c))
+        out[c] = {"tokens_per_second": 1.0 / seconds, "seconds": seconds}
+    return {c: out[c] for c in sorted(out)}
+
+
+def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128, steps: int = 3,
+                       cache=None, bandwidth_gbps=None, peak_gflops=None) -> list:
+    """One decode step for B sequences at once (forward_batch), each after `context` cached
+    positions. Per B: aggregate tokens/s (B / step time), and, when the roofs are given, the
+    roofline's prediction (from a traced step). -> [{"batch", "tokens_per_second", "seconds",
+    "predicted_tokens_per_second"?}, ...]."""
+    cache = prefilled_cache(model, context) if cache is None else cache.copy()  # the caller's stays as it was
+    cache.truncate(context)
+    itemsize = model.dtype.itemsize
+    rows = []
+    for b in batch_sizes:
+        caches = [cache.copy() for _ in range(b)]
+        batch = [bench_tokens(model, 1, seed=3 + s) for s in range(b)]
+
+        def undo():
+            for c in caches:
+                c.truncate(context)
+
+        seconds = median_seconds(lambda: forward_batch(model, batch, caches, last_only=True), steps, after=undo)
+        row = {"batch": int(b), "tokens_per_second": b / seconds, "seconds": seconds}
+        if bandwidth_gbps and peak_gflops:
+            trace = traced(model, batch, caches)
+            row["predicted_tokens_per_second"] = b / predicted_seconds(trace, itemsize, bandwidth_gbps, peak_gflops)
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the CLI's run
+
+def toy_bench_model() -> Model:
+    """The seed toy's shapes (D=8, 2 query heads, 1 KV head, 2 layers, vocab 6), float32
+    random weights, and a 1024-row position table so that the 512-token measurements fit."""
+    from .toy import random_model, toy_config
+
+    cfg = dataclasses.replace(toy_config(), max_context=1024, name="toy-1024")
+    return random_model(cfg, seed=0, dtype=np.float32)
+
+
+def load_bench_model(name: str) -> Model:
+    if name == "toy":
+        return toy_bench_model()
+    if name == "smollm2":
+        from .smollm2 import load_smollm2
+
+        return load_smollm2()
+    raise ValueError(f"unknown model {name!r}; choose 'toy' or 'smollm2'")
+
+
+def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batch_context: int = 128,
+              repeat: int = 3, bandwidth_bytes: int = 2**28, matmul_n: int = 2048) -> dict:
+    """Everything `python -m tinydecoder bench` prints, from one run (dict keys are strings
+    so that it serialises to JSON as is)."""
+    roofs = measure_bandwidth(bandwidth_bytes, repeat=max(3, repeat))
+    peak = measure_matmul(matmul_n, repeat=max(2, repeat))
+    bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
+    forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
+    prefill = {n: prefill_speed(model, n, repeat) for n in lengths}
+    cache = prefilled_cache(model, max(max(lengths), batch_context))
+    decode = decode_speed(model, lengths, steps=max(5, repeat), cache=cache)
+    batch = batch_decode_speed(model, batch_sizes, batch_context, steps=repeat, cache=cache,
+                               bandwidth_gbps=bw, peak_gflops=gflops)
+    weights = model.nbytes
+    base = batch[0]["tokens_per_second"] if batch and batch[0]["batch"] == 1 else None
+    for row in batch:
+        row["speedup_vs_batch_1"] = row["tokens_per_second"] / base if base else None
+    return {
+        "model": model.config.name,
+        "weights_bytes": int(weights),
+        "bandwidth_gbps": bw,
+        "copy_bandwidth_gbps": roofs["copy_gbps"],
+        "matmul_gflops": gflops,
+        "ridge_flops_per_byte": ridge_point(bw, gflops),
+        "prefill_tokens_per_second": {str(n): p["tokens_per_second"] for n, p in prefill.items()},
+        "prefill_gflops": {str(n): p["gflops"] for n, p in prefill.items()},
+        "prefill_matmul_fraction": {str(n): p["gflops"] / gflops for n, p in prefill.items()},
+        "decode_tokens_per_second": {str(c): d["tokens_per_second"] for c, d in decode.items()},
+        "decode_roof_fraction": {str(c): weights * d["tokens_per_second"] / (bw * 1e9) for c, d in decode.items()},
+        "batch_context": int(batch_context),
+        "batch_decode": batch,
+        "repeat": int(repeat),
+    }
+
+
+def format_report(result: dict) -> str:
+    """The bench result as a short table for people."""
+    lines = [f"model {result['model']}: {result['weights_bytes'] / 1e6:.3f} MB of weights",
+             f"memory bandwidth  {result['bandwidth_gbps']:8.2f} GB/s  (matrix-vector; copy "
+             f"{result['copy_bandwidth_gbps']:.2f} GB/s)",
+             f"matmul            {result['matmul_gflops']:8.2f} GFLOP/s  (ridge point "
+             f"{result['ridge_flops_per_byte']:.1f} FLOP/byte)", ""]
+    for n, tps in result["prefill_tokens_per_second"].items():
+        lines.append(f"prefill {n:>5} tokens  {tps:10.1f} tokens/s  {result['prefill_gflops'][n]:7.2f} GFLOP/s "
+                     f"({100 * result['prefill_matmul_fraction'][n]:.0f}% of matmul)")
+    for c, tps in result["decode_tokens_per_second"].items():
+        lines.append(f"decode at {c:>5} ctx  {tps:10.1f} tokens/s  "
+                     f"({100 * result['decode_roof_fraction'][c]:.0f}% of the bandwidth roof)")
+    lines += ["", f"batched decode at context {result['batch_context']}:",
+              f"{'batch':>6} {'tokens/s':>12} {'roofline':>12} {'x batch 1':>10}"]
+    for row in result["batch_decode"]:
+        pred = row.get("predicted_tokens_per_second")
+        lines.append(f"{row['batch']:>6} {row['tokens_per_second']:12.1f} "
+                     f"{'' if pred is None else f'{pred:12.1f}':>12} {row['speedup_vs_batch_1']:10.2f}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the roofline plot's data
+
+def decode_intensities_by_batch(model: Model, cache, batch_sizes=BATCH_SIZES, layer: int = 0) -> dict:
+    """For each batch size B: layer_intensities of one traced decode step of B sequences, each
+    after the positions in `cache` (copied; the cache is not changed).  -> {B: {op: {...}}}."""
+    itemsize = model.dtype.itemsize
+    token = bench_tokens(model, 1, seed=2)
+    return {int(b): layer_intensities(traced(model, [token] * b, [cache] * b), itemsize, layer)
+            for b in batch_sizes}
+
+
+def roofline_view(intensities: dict, bandwidth_gbps: float, peak_gflops: float) -> dict:
+    """Per op (from layer_intensities): its intensity, the roofline's attainable GFLOP/s there,
+    and which roof bounds it.  -> {"ops", "intensity", "attainable", "bound", "ridge"}."""
+    ops = list(intensities)
+    intensity = np.array([intensities[o]["intensity"] for o in ops])  # [n_ops] FLOP/byte
+    ridge = ridge_point(bandwidth_gbps, peak_gflops)
+    return {"ops": ops, "intensity": intensity,
+            "attainable": attainable_gflops(intensity, bandwidth_gbps, peak_gflops),
+            "bound": ["memory" if i < ridge else "compute" for i in intensity], "ridge": ridge,
+            "bandwidth_gbps": bandwidth_gbps, "peak_gflops": peak_gflops}

@@ -1,0 +1,149 @@
+"""A bug clinic: the cached generation loop with one thing deliberately broken at a time.
+
+Each bug is a mistake people make when they write a KV-cache loop (seed 000 lists where to
+look: position offset, causal mask, per-layer cache length, GQA head mapping; seed 003 feeds
+decode the last prompt token). `run_with_bug` runs the loop with one bug switched on and
+`check_run` compares every round's last-position logits with a full recompute of the context
+the loop claims to have. The check catches a bug when a difference is not ~0 or the loop
+raised. Never use these forwards for anything but showing what goes wrong.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .generate import greedy
+from .model import Model, check_context, check_token_ids, forward
+from .ops import apply_rope, attention, rmsnorm, swiglu
+
+BUGS = {
+    "none": "the correct loop",
+    "position_offset": "a decode step places its new token at position 0 instead of after the cache",
+    "no_causal_mask": "attention has no causal mask, so prefill positions see their future",
+    "gqa_head_mapping": "query head h reads KV head h % Hkv instead of h // (Hq // Hkv)",
+    "truncated_layer_cache": "after prefill, the last layer's cache loses its last row",
+    "whole_sequence_every_step": "every round feeds the whole sequence again, appending it to the cache",
+    "last_prompt_token": "every decode step feeds the last prompt token instead of the newly chosen one",
+}
+
+
+def attention_without_mask(q, k, v):
+    """Attention where every query sees every key, future included (the mask bug).
+
+    Built from the library's attention: a single query is always the newest position, so
+    its causal mask hides nothing; running each query alone therefore drops the mask."""
+    return np.concatenate([attention(q[i:i + 1], k, v) for i in range(q.shape[0])])  # [S, Hq*d]
+
+
+def attention_mod_head_map(q, k, v):
+    """Grouped-query attention with the wrong head mapping: query head h reads KV head h % Hkv.
+
+    The K/V heads are laid out per query head (as repeat_kv does) with that wrong index, and
+    the library's attention runs as multi-head attention on them."""
+    Hq, Hkv = q.shape[1], k.shape[1]
+    wrong = np.arange(Hq) % Hkv  # right: np.arange(Hq) // (Hq // Hkv)
+    return attention(q, k[:, wrong], v[:, wrong])
+
+
+def forward_with(model: Model, token_ids, cache, *, start=None, attend=attention):
+    """A cached forward like `forward`, built from the same ops, with two things exposed:
+    `start`, the position of the first new token (default: the cache length, which is right),
+    and `attend(q [S,Hq,d], k [T,Hkv,d], v) -> [S, Hq*d]`. Returns logits [S, V]."""
+    cfg = model.config
+    ids = check_token_ids(cfg, token_ids)
+    past = len(cache)
+    check_context(cfg, past, len(ids))
+    start = past if start is None else int(start)
+    positions = np.arange(start, start + len(ids))  # [S]
+    x = model.embed[ids]  # [S, D]
+    if cfg.position == "table":
+        x = x + model.pos_table[positions]
+    Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    for l, w in enumerate(model.layers):
+        h = rmsnorm(x, w.attn_norm, cfg.norm_eps)  # [S, D]
+        q = (h @ w.wq).reshape(-1, Hq, d)  # [S, Hq, d]
+        k = (h @ w.wk).reshape(-1, Hkv, d)  # [S, Hkv, d]
+        v = (h @ w.wv).reshape(-1, Hkv, d)
+        if cfg.position == "rope":
+            q = apply_rope(q, positions, cfg.rope_base, cfg.rope_layout)
+            k = apply_rope(k, positions, cfg.rope_base, cfg.rope_layout)
+        k_all, v_all = cache.append(l, k, v)  # [T, Hkv, d]
+        x = x + attend(q, k_all, v_all) @ w.wo
+        z = rmsnorm(x, w.ffn_norm, cfg.norm_eps)
+        x = x + swiglu(z, w.w_gate, w.w_up) @ w.w_down  # [S, D]
+    return rmsnorm(x, model.final_norm, cfg.norm_eps) @ model.lm_head  # [S, V]
+
+
+@dataclass
+class BugRun:
+    bug: str
+    tokens: list  # the prompt and the tokens the loop chose
+    prompt_length: int
+    logits: list = field(default_factory=list)  # per round, the last position's logits [V]
+    contexts: list = field(default_factory=list)  # per round, the context the loop claims: tokens so far
+    cache_lengths: list = field(default_factory=list)  # per round, the cache length after it
+    error: str | None = None  # the message of the error that stopped the loop, if any
+
+    @property
+    def new_tokens(self) -> list:
+        return self.tokens[self.prompt_length:]
+
+
+def run_with_bug(model: Model, prompt, max_new_tokens: int, bug: str = "none") -> BugRun:
+    """The cached greedy loop (prefill, then one token a round) with `bug` switched on."""
+    if bug not in BUGS:
+        raise ValueError(f"unknown bug {bug!r}; choose one of {list(BUGS)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    tokens = [int(t) for t in check_token_ids(model.config, prompt)]
+    run = BugRun(bug, list(tokens), len(tokens))
+    cache = model.new_cache()
+    attend = {"no_causal_mask": attention_without_mask,
+              "gqa_head_mapping": attention_mod_head_map}.get(bug, attention)
+    for step in range(1, max_new_tokens + 1):
+        context = list(run.tokens)
+        if step == 1:
+            new, start = context, None
+        elif bug == "whole_sequence_every_step":
+            new, start = context, None
+        elif bug == "last_prompt_token":
+            new, start = [tokens[-1]], None
+        elif bug == "position_offset":
+            new, start = context[-1:], 0
+        else:
+            new, start = context[-1:], None
+        try:
+            logits = forward_with(model, new, cache, start=start, attend=attend)[-1]  # [V]
+        except ValueError as e:
+            run.error = str(e)
+            break
+        run.logits.append(logits)
+        run.contexts.append(context)
+        run.cache_lengths.append(len(cache))
+        run.tokens.append(greedy(logits))
+        if bug == "truncated_layer_cache" and step == 1:
+            cache.lengths[-1] -= 1  # one layer forgets a row
+    return run
+
+
+def check_run(model: Model, run: BugRun) -> list:
+    """Per completed round: max |the loop's last logits - forward(model, context)[-1]|, where
+    context is what the loop claims to hold (the prompt and the tokens chosen so far)."""
+    return [float(np.max(np.abs(logits - forward(model, ctx)[-1])))
+            for logits, ctx in zip(run.logits, run.contexts)]
+
+
+def diagnose(model: Model, prompt, max_new_tokens: int, bug: str, tol: float = 1e-9) -> dict:
+    """Run one bug and the check: max difference, cache lengths, error, and whether caught.
+
+    A run counts as caught when it raised, when some round's logits differ from the full
+    recompute by more than `tol`, or when its cache length is not the context length."""
+    run = run_with_bug(model, prompt, max_new_tokens, bug)
+    diffs = check_run(model, run)
+    expected = [len(ctx) for ctx in run.contexts]
+    caught = (run.error is not None or any(x > tol for x in diffs)
+              or run.cache_lengths != expected)
+    return {"bug": bug, "tokens": run.new_tokens, "max_diff": max(diffs) if diffs else None,
+            "diffs": diffs, "cache_lengths": run.cache_lengths, "expected_lengths": expected,
+            "error": run.error, "caught": caught}

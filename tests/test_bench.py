@@ -1,0 +1,184 @@
+"""The roofline's arithmetic (exact, on the toy model) and the bench CLI's output (no speeds)."""
+import json
+
+import numpy as np
+import pytest
+
+from tinydecoder import SEED_PROMPT, Trace, forward, forward_batch, toy_model
+from tinydecoder.bench import (attainable_gflops, batch_decode_speed, decode_speed, layer_intensities,
+                               load_bench_model, median_seconds, op_cost, predicted_seconds, prefill_speed,
+                               ridge_point, run_bench, toy_bench_model, traced)
+from tinydecoder.cli import main as cli_main
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return toy_model()  # float64: 8 bytes a number
+
+
+def toy_traces(model):
+    cache = model.new_cache()
+    prefill, decode = Trace(), Trace()
+    forward(model, SEED_PROMPT, cache, trace=prefill)  # 4 rows, every position's logits
+    forward(model, [3], cache, trace=decode)  # 1 row after 4 cached
+    return prefill, decode
+
+
+def test_toy_prefill_intensities_exact(toy):
+    """Seed toy, prompt of 4 tokens, float64. A matmul x[M,K] @ w[K,N] moves (MK + KN + MN) * 8 bytes."""
+    prefill, _ = toy_traces(toy)
+    got = layer_intensities(prefill, itemsize=8, layer=0)
+    want = {  # op: (FLOPs, bytes)
+        "q_proj": (2 * 4 * 8 * 8, (32 + 64 + 32) * 8),  # 512, 1024
+        "k_proj": (2 * 4 * 8 * 4, (32 + 32 + 16) * 8),  # 256, 640
+        "v_proj": (256, 640),
+        "attention": (4 * 2 * 4 * 4 * 4, (32 + 16 + 16 + 32) * 8),  # q [4,2,4], K, V [4,1,4], out [4,8]
+        "o_proj": (512, 1024),
+        "ffn_gate": (2 * 4 * 8 * 16, (32 + 128 + 64) * 8),  # 1024, 1792
+        "ffn_up": (1024, 1792),
+        "ffn_down": (2 * 4 * 16 * 8, (64 + 128 + 32) * 8),
+        "lm_head": (2 * 4 * 8 * 6, (32 + 48 + 24) * 8),  # 384, 832
+    }
+    assert list(got) == list(want)  # execution order, FLOP-carrying ops only
+    for op, (flops, moved) in want.items():
+        assert (got[op]["flops"], got[op]["bytes"]) == (flops, moved), op
+        assert got[op]["intensity"] == pytest.approx(flops / moved)
+    assert got["q_proj"]["intensity"] == 0.5 and got["attention"]["intensity"] == pytest.approx(2 / 3)
+
+
+def test_toy_decode_intensities_exact_and_lower(toy):
+    prefill, decode = toy_traces(toy)
+    got = layer_intensities(decode, itemsize=8, layer=1)
+    assert (got["q_proj"]["flops"], got["q_proj"]["bytes"]) == (128, (8 + 64 + 8) * 8)  # 0.2 FLOP/byte
+    assert (got["attention"]["flops"], got["attention"]["bytes"]) == (4 * 2 * 1 * 5 * 4, (8 + 20 + 20 + 8) * 8)
+    assert (got["ffn_down"]["flops"], got["ffn_down"]["bytes"]) == (2 * 16 * 8, (16 + 128 + 8) * 8)
+    pre = layer_intensities(prefill, itemsize=8, layer=1)
+    for op in got:  # one row instead of four: every op of decode is less intense
+        assert got[op]["intensity"] < pre[op]["intensity"], op
+
+
+def test_batching_raises_matmul_intensity_but_not_attention(toy):
+    caches = [toy.new_cache() for _ in range(4)]
+    for c in caches:
+        forward(toy, SEED_PROMPT, c)
+    one = layer_intensities(traced(toy, [[3]], caches[:1]), 8)
+    four = layer_intensities(traced(toy, [[3]] * 4, caches), 8)
+    assert four["q_proj"]["flops"] == 4 * one["q_proj"]["flops"]
+    assert four["q_proj"]["bytes"] == (4 * 8 + 64 + 4 * 8) * 8  # the weight is read once for all four
+    assert (one["q_proj"]["intensity"], four["q_proj"]["intensity"]) == (0.2, 0.5)
+    assert four["attention"]["intensity"] == pytest.approx(one["attention"]["intensity"])  # each reads its own K/V
+    assert all(len(c) == 4 for c in caches)  # traced() worked on copies
+
+
+def test_op_cost_of_elementwise_and_embed_ops(toy):
+    prefill, _ = toy_traces(toy)
+    by_name = {(r.layer, r.op): r for r in prefill.ops}
+    assert op_cost(by_name[(None, "embed")], 8) == (0, 2 * 4 * 8 * 8)
+    assert op_cost(by_name[(0, "swiglu")], 8) == (0, 3 * 4 * 16 * 8)
+    assert op_cost(by_name[(0, "attn_norm")], 4) == (0, 2 * 4 * 8 * 4)
+
+
+def test_roofline_arithmetic():
+    np.testing.assert_allclose(attainable_gflops([0.25, 1.0, 4.0, 100.0], 20.0, 50.0), [5.0, 20.0, 50.0, 50.0])
+    assert ridge_point(20.0, 50.0) == 2.5
+    trace = Trace()
+    trace.matmul(0, "q_proj", (1, 1000), (1000, 1000))  # 2e6 FLOPs, (1000 + 1e6 + 1000) * 4 bytes
+    trace.record(0, "attn_norm", [(1, 1000)], (1, 1000))  # 0 FLOPs, 8000 bytes
+    want = 4.008e6 / 20e9 + 8000 / 20e9  # both memory-bound at 20 GB/s, 50 GFLOP/s
+    assert predicted_seconds(trace, 4, 20.0, 50.0) == pytest.approx(want, rel=1e-12)
+    trace = Trace()
+    trace.matmul(0, "q_proj", (1000, 1000), (1000, 1000))  # 2e9 FLOPs, 1.2e7 bytes: compute-bound
+    assert predicted_seconds(trace, 4, 20.0, 50.0) == pytest.approx(2e9 / 50e9, rel=1e-12)
+
+
+def test_speed_functions_return_positive_numbers():
+    model = toy_bench_model()
+    assert model.config.max_context == 1024 and model.dtype == np.float32
+    p = prefill_speed(model, 16, repeat=1)
+    assert p["tokens_per_second"] > 0 and p["gflops"] > 0
+    d = decode_speed(model, [8, 4], steps=1)
+    assert list(d) == [4, 8] and all(v["tokens_per_second"] > 0 for v in d.values())
+    rows = batch_decode_speed(model, (1, 3), context=8, steps=1, bandwidth_gbps=10.0, peak_gflops=50.0)
+    assert [r["batch"] for r in rows] == [1, 3]
+    assert all(r["tokens_per_second"] > 0 and r["predicted_tokens_per_second"] > 0 for r in rows)
+
+
+def test_batch_prediction_from_the_trace():
+    """The prediction for B sequences is B / the roofline time of one traced batched step."""
+    model = toy_bench_model()
+    cache = model.new_cache()
+    forward(model, list(range(6)) * 2, cache)
+    rows = batch_decode_speed(model, (2,), context=12, steps=1, cache=cache, bandwidth_gbps=10.0, peak_gflops=50.0)
+    assert len(cache) == 12  # the caller's cache is not changed
+    caches = [cache.copy(), cache.copy()]
+    trace = Trace(keep_weights=False)
+    forward_batch(model, [[1], [2]], caches, last_only=True, trace=trace)
+    assert rows[0]["predicted_tokens_per_second"] == pytest.approx(2 / predicted_seconds(trace, 4, 10.0, 50.0))
+
+
+def test_median_seconds_and_bad_inputs():
+    calls = []
+    assert median_seconds(lambda: calls.append(1), repeat=3, warmup=2) >= 0
+    assert len(calls) == 5
+    with pytest.raises(ValueError, match="repeat must be an integer >= 1"):
+        median_seconds(lambda: None, repeat=0)
+    with pytest.raises(ValueError, match="unknown model 'gpt'"):
+        load_bench_model("gpt")
+
+
+def test_cli_bench_json_for_the_toy(capsys):
+    assert cli_main(["bench", "--model", "toy", "--json", "--repeat", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for key in ("bandwidth_gbps", "matmul_gflops"):
+        assert result[key] > 0
+    for key in ("prefill_tokens_per_second", "decode_tokens_per_second", "decode_roof_fraction"):
+        assert set(result[key]) == {"128", "512"} and all(v > 0 for v in result[key].values())
+    assert [row["batch"] for row in result["batch_decode"]] == [1, 2, 4, 8, 16, 32]
+    for row in result["batch_decode"]:
+        assert row["tokens_per_second"] > 0 and row["predicted_tokens_per_second"] > 0
+    assert result["batch_decode"][0]["speedup_vs_batch_1"] == 1.0
+    assert result["weights_bytes"] == toy_bench_model().nbytes
+
+
+def test_cli_bench_table_and_bad_model(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "--model", "gpt"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_run_bench_small():
+    result = run_bench(toy_bench_model(), lengths=(8, 16), batch_sizes=(1, 2), batch_context=8, repeat=1,
+                       bandwidth_bytes=2**20, matmul_n=64)
+    assert set(result["decode_tokens_per_second"]) == {"8", "16"}
+    assert result["decode_roof_fraction"]["8"] == pytest.approx(
+        result["weights_bytes"] * result["decode_tokens_per_second"]["8"] / (result["bandwidth_gbps"] * 1e9))
+
+
+def test_roofline_view_and_widget(toy):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tinydecoder.bench import decode_intensities_by_batch, roofline_view
+    from tinydecoder.widgets import roofline_figure, roofline_widget
+
+    cache = toy.new_cache()
+    forward(toy, SEED_PROMPT, cache)
+    by_batch = decode_intensities_by_batch(toy, cache, (1, 4))
+    assert len(cache) == 4
+    assert by_batch[1]["q_proj"]["intensity"] == 0.2 and by_batch[4]["q_proj"]["intensity"] == 0.5
+    view = roofline_view(by_batch[1], bandwidth_gbps=10.0, peak_gflops=40.0)  # ridge at 4 FLOP/byte
+    assert view["ridge"] == 4.0 and set(view["bound"]) == {"memory"}
+    np.testing.assert_allclose(view["attainable"], 10.0 * view["intensity"])
+    view = roofline_view({"big": {"intensity": 10.0}}, 10.0, 40.0)
+    assert view["bound"] == ["compute"] and view["attainable"].tolist() == [40.0]
+
+    box = roofline_widget(by_batch, 10.0, 40.0, prefill=by_batch[4])
+    assert box.data["batch"] == 1
+    box.controls["batch"].value = 4
+    assert box.data["batch"] == 4 and box.data["intensity"][0] == 0.5
+    fig = roofline_figure(10.0, 40.0, {"ops": ([0.5], [5.0], ["q_proj"])})
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and "intensity" in ax.get_xlabel()
+    plt.close("all")
