@@ -611,15 +611,18 @@ class LabPage:
             server_path = directory / f"{name}.server.log"
             shutil.copyfile(self.server.log_path, server_path)
             saved.append(server_path)
-        if self.page is not None and not self.page.is_closed():
-            try:
-                if cell is not None:
-                    self.page.evaluate("(i) => { const p = window.__tdNotebook;"
-                                       " if (p) p.content.widgets[i].node.scrollIntoView(); }", cell)
-                shot = directory / f"{name}.png"
-                self.page.screenshot(path=str(shot))
-                saved.insert(0, shot)
-            except Exception as exc:  # noqa: BLE001
-                self.console.append(f"[test] screenshot failed: {exc}")
-                console_path.write_text("\n".join(self.console[console_from:]) + "\n")
+        try:
+            shot = directory / f"{name}.png"
+            self.screenshot(shot, cell)
+            saved.insert(0, shot)
+        except Exception as exc:  # noqa: BLE001 - the logs are still worth having
+            self.console.append(f"[test] screenshot failed: {exc}")
+            console_path.write_text("\n".join(self.console[console_from:]) + "\n")
         return saved
+
+    def screenshot(self, path: Path, cell: int | None = None) -> None:
+        """A screenshot of the tab, scrolled to `cell` of the open notebook when given."""
+        if cell is not None:
+            self.page.evaluate("(i) => { const p = window.__tdNotebook;"
+                               " if (p) p.content.widgets[i].node.scrollIntoView(); }", cell)
+        self.page.screenshot(path=str(path), timeout=15_000)

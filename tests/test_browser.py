@@ -12,6 +12,7 @@ nbval checks the kernel side only; this checks what a reader sees. Machinery: te
   notebook's kernel is shut down after its test. Server and browser stop at the end, also on failure.
 - On failure, a screenshot, the page's console log and the server log go to
   test-artifacts/browser/ (or TINYDECODER_BROWSER_ARTIFACTS); the failure message gives the paths.
+  TINYDECODER_BROWSER_SCREENSHOTS=1 also saves NAME.passed.png, scrolled to the widget it moved.
 - To see the suite fail as it should without the widget extension, run it with
   TINYDECODER_BROWSER_DISABLE_EXTENSIONS=@jupyter-widgets/jupyterlab-manager (extensions to disable,
   comma-separated, in the temporary server only); test_fails_without_widget_extension does the
@@ -39,6 +40,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 ARTIFACTS = Path(os.environ.get("TINYDECODER_BROWSER_ARTIFACTS", REPO / "test-artifacts" / "browser"))
 CHROMIUM_PATH = os.environ.get("TINYDECODER_CHROMIUM", CHROMIUM)
 REQUIRE = os.environ.get("TINYDECODER_REQUIRE_BROWSER", "").strip().lower() in {"1", "true", "yes"}
+SCREENSHOTS = os.environ.get("TINYDECODER_BROWSER_SCREENSHOTS", "") not in {"", "0"}
 EXTRA_DISABLED = tuple(name.strip() for name in
                        os.environ.get("TINYDECODER_BROWSER_DISABLE_EXTENSIONS", "").split(",")
                        if name.strip())
@@ -189,6 +191,9 @@ def test_notebook_in_browser(lab, notebook):
     start = time.monotonic()
     with evidence(lab, notebook.stem):
         n_widgets, moved = lab.check_notebook(f"notebooks/{notebook.name}")
+        if SCREENSHOTS:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            lab.screenshot(ARTIFACTS / f"{notebook.stem}.passed.png", moved.cell)
     print(f"{notebook.name}: {n_widgets} widget(s) rendered; moved {moved.description} "
           f"{moved.before!r} -> {moved.after!r}; {time.monotonic() - start:.1f} s")
 

@@ -116,3 +116,22 @@ def test_bad_prompt_and_context_errors():
         prefill_chunked(TOY, [0, 9], 2)
     with pytest.raises(ValueError, match="context too long"):
         prefill_chunked(TOY, [1] * 65, 16)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 49), min_size=2, max_size=50), st.sampled_from([1, 3, 16]), st.integers(1, 20))
+def test_chunked_into_a_paged_sequence_after_a_prefix_hit(prompt, block_size, chunk_size):
+    """Chunked prefill works on any cache: here a paged sequence that starts with reused blocks."""
+    from tinydecoder.paged import PagedKVPool
+
+    model = td.random_model(ROPE_CFG, seed=5, dtype=np.float64)
+    pool = PagedKVPool.for_model(model, n_blocks=2 * (len(prompt) // block_size + 2), block_size=block_size)
+    first = pool.new_sequence(prompt)
+    td.forward(model, first.pending_tokens, first)
+    seq = pool.new_sequence(prompt)  # reuses every full block but leaves >= 1 token
+    assert seq.n_cached == (len(prompt) - 1) // block_size * block_size
+    run = prefill_chunked(model, seq.pending_tokens, chunk_size, cache=seq)
+    expected = td.forward(model, prompt)[seq.n_cached:]
+    assert np.max(np.abs(run.logits - expected)) <= 1e-12
+    assert run.spans[0][0] == seq.n_cached and len(seq) == len(prompt)
+

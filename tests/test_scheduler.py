@@ -290,3 +290,13 @@ def test_small_pool_delays_admission_but_not_results():
     assert [r.tokens for r in tight.results] == [r.tokens for r in roomy.results]
     assert_matches_alone(TOY, tight, 1e-9)
     assert min(s.free_blocks for s in tight.steps) >= 0
+
+
+def test_scheduler_rejects_a_backend_that_lies_about_its_cache():
+    class Liar(ContiguousKV):
+        def admit(self, request):
+            cache, _ = super().admit(request)
+            return cache, 2  # claims two cached tokens but holds none
+
+    with pytest.raises(RuntimeError, match="must hold 0 <= cached"):
+        run_schedule(TOY, [Request([0, 1, 2, 3], 2)], backend=Liar(TOY))

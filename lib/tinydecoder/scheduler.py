@@ -343,6 +343,10 @@ def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_ru
                 break
             waiting.popleft()
             cache, cached = backend.admit(requests[i])
+            if not 0 <= cached < len(requests[i].prompt) or len(cache) != cached:
+                raise RuntimeError(f"backend {type(backend).__name__} admitted request {i} with {cached} cached "
+                                   f"tokens and a cache of {len(cache)} positions; it must hold 0 <= cached < "
+                                   f"{len(requests[i].prompt)} (the prompt) positions, the same in both")
             results[i].admitted, results[i].cached_tokens = step, cached
             run = _Running(i, requests[i], cache, cached, results[i])
             running.append(run)
