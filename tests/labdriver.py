@@ -242,8 +242,12 @@ _JS_OPEN = """async (path) => {
 
 _JS_RUN_ALL = """async (timeoutMs) => {
   const app = window.jupyterapp, panel = window.__tdNotebook;
-  app.shell.activateById(panel.id);
-  if (app.shell.currentWidget !== panel) return 'notebook is not the current widget';
+  // The notebook commands act on the current notebook; activation settles asynchronously.
+  for (let i = 0; app.shell.currentWidget !== panel; i++) {
+    if (i === 100) return 'notebook did not become the current widget';
+    app.shell.activateById(panel.id);
+    await new Promise(resolve => setTimeout(resolve, 50));
+  }
   await app.commands.execute('notebook:clear-all-cell-outputs');
   const timeout = new Promise(resolve => setTimeout(() => resolve('timeout'), timeoutMs));
   const done = app.commands.execute('notebook:run-all-cells').then(() => 'done');
@@ -295,7 +299,14 @@ _JS_CELLS = """() => {
 
 # Sliders and dropdowns a reader can use, tagged so that Python can find them again.  Those
 # sitting in the same displayed widget as an Output widget come first.
+_JS_SLIDER_VALUE = """(handle) => {
+  const readout = handle.closest('.widget-slider').querySelector('.widget-readout');
+  const shown = readout ? (readout.innerText || readout.value || '').trim() : '';
+  return shown || handle.getAttribute('aria-valuetext');
+}"""
+
 _JS_CONTROLS = """() => {
+  const sliderValue = """ + _JS_SLIDER_VALUE + """;
   const panel = window.__tdNotebook;
   const found = [];
   panel.content.widgets.forEach((cell, index) => {
@@ -315,7 +326,7 @@ _JS_CONTROLS = """() => {
           const handle = box.querySelector('.noUi-handle');
           const base = box.querySelector('.noUi-target');
           if (!handle || (base && base.hasAttribute('disabled'))) return;
-          target = handle; kind = 'slider'; value = handle.getAttribute('aria-valuetext');
+          target = handle; kind = 'slider'; value = sliderValue(handle);
         }
         const id = 'td-' + found.length;
         target.setAttribute('data-td-control', id);
@@ -435,9 +446,11 @@ class LabPage:
     def run_all(self) -> None:
         """Clear outputs, run all cells, wait until they are done and the kernel is idle."""
         result = self.page.evaluate(_JS_RUN_ALL, int(self.run_timeout_s * 1000))
-        if result != "done":
-            raise NotebookCheckFailure(f"run all cells: {result} after {self.run_timeout_s:.0f} s "
+        if result == "timeout":
+            raise NotebookCheckFailure(f"run all cells: not finished after {self.run_timeout_s:.0f} s "
                                        f"(kernel {self.kernel_status()})")
+        if result != "done":
+            raise NotebookCheckFailure(f"run all cells: {result}")
         self.wait_idle()
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
@@ -534,22 +547,24 @@ class LabPage:
             time.sleep(0.1)
         return None
 
-    def _change(self, control: dict) -> str:
-        """Change one control like a reader would; returns its new value (or the old one)."""
+    def _change(self, control: dict) -> tuple[bool, str]:
+        """Change one control like a reader would; returns (whether it moved, its value shown)."""
         target = self.page.locator(f'[data-td-control="{control["id"]}"]')
         target.scroll_into_view_if_needed()
         if control["kind"] == "dropdown":
-            options = target.evaluate("s => Array.from(s.options).map(o => o.value)")
+            n_options = target.evaluate("s => s.options.length")
             current = target.evaluate("s => s.selectedIndex")
-            target.select_option(index=(current + 1) % len(options))
-            return target.evaluate("s => s.value")
+            target.select_option(index=(current + 1) % n_options)
+            return target.evaluate("s => s.selectedIndex") != current, target.evaluate("s => s.value")
         target.focus()
+        position = target.get_attribute("aria-valuenow")
+        moved = False
         for key in ("ArrowRight", "ArrowLeft"):  # ArrowLeft when it already sits at its maximum
             self.page.keyboard.press(key)
-            value = target.get_attribute("aria-valuetext")
-            if value != control["value"]:
-                return value
-        return control["value"]
+            moved = target.get_attribute("aria-valuenow") != position
+            if moved:
+                break
+        return moved, target.evaluate(_JS_SLIDER_VALUE)
 
     def exercise(self, control: dict) -> ControlResult:
         """Change `control` and check that what the widgets show changes, without errors."""
@@ -559,8 +574,8 @@ class LabPage:
                                        control["cell"])
         name = (f"{control['kind']} {control['description'] or '(no description)'!r} "
                 f"in cell {control['cell']}")
-        new_value = self._change(control)
-        if new_value == control["value"]:
+        moved, new_value = self._change(control)
+        if not moved:
             raise NotebookCheckFailure(f"{name}: its value did not move from {control['value']!r}",
                                        control["cell"])
         after = self.settle(self.change_timeout_s, differ_from=before["digest"])

@@ -24,12 +24,15 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import sys
 import time
 import traceback
 from pathlib import Path
 
 import pytest
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # also under --import-mode=importlib
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labdriver import (ANNOUNCEMENTS, CHROMIUM, WIDGET_MANAGER, LabPage, LabServer,
                        NotebookCheckFailure, launch_chromium)
 
@@ -58,14 +61,17 @@ def _missing() -> str | None:
     return None
 
 
+MISSING = _missing()
+if MISSING and not REQUIRE:  # one line for the whole module
+    pytest.skip(f"browser suite skipped: {MISSING} "
+                "(TINYDECODER_REQUIRE_BROWSER=1 makes this a failure)", allow_module_level=True)
+
+
 @pytest.fixture(scope="module")
 def browser_available():
-    reason = _missing()
-    if reason and REQUIRE:
-        pytest.fail(f"browser suite: {reason} (TINYDECODER_REQUIRE_BROWSER is set)", pytrace=False)
-    if reason:
-        pytest.skip(f"browser suite skipped: {reason} "
-                    "(TINYDECODER_REQUIRE_BROWSER=1 makes this a failure)")
+    """With TINYDECODER_REQUIRE_BROWSER set, a missing browser fails every selected test."""
+    if MISSING:
+        pytest.fail(f"browser suite: {MISSING} (TINYDECODER_REQUIRE_BROWSER is set)", pytrace=False)
 
 
 # --- small notebooks that prove the checker itself can pass and fail --------------------------
@@ -92,8 +98,16 @@ still = W.Output()
 with still:
     print('this never changes')
 W.VBox([frozen, still])"""
+_SELECTION_HTML = """\
+size = W.SelectionSlider(options=['small', 'medium', 'large'], value='medium', description='size')
+label = W.HTML()
+def describe(change=None):
+    label.value = f'<b>{size.value}</b> has {len(size.value)} letters'
+size.observe(describe, 'value')
+describe()
+W.HBox([size, label])"""
 SELFTEST = {
-    "widgets.ipynb": [_IMPORTS, _SLIDER_PLOT, _DROPDOWN_TEXT, _INERT],
+    "widgets.ipynb": [_IMPORTS, _SLIDER_PLOT, _DROPDOWN_TEXT, _INERT, _SELECTION_HTML],
     "raises.ipynb": ["print('before')", "raise ValueError('expected')", "1 / 0",
                      "print('not reached')"],
 }
@@ -199,16 +213,17 @@ def test_notebook_in_browser(lab, notebook):
 
 
 def test_checker_passes_working_widgets_and_catches_an_inert_one(lab):
-    """A slider redrawing a figure and a dropdown reprinting text count as working; a slider whose
-    Output never changes does not."""
+    """A slider redrawing a figure, a dropdown reprinting text and a selection slider rewriting an
+    HTML widget count as working; a slider whose Output never changes does not."""
     with evidence(lab, "selftest_widgets"):
         n_widgets, first = lab.check_notebook("_selftest/widgets.ipynb")
-        assert n_widgets == 3
+        assert n_widgets == 4
         assert first.kind == "slider" and "points" in first.description
         controls = {c["description"]: c for c in lab.controls()}
-        assert sorted(controls) == ["ignored", "letter", "points"]
+        assert sorted(controls) == ["ignored", "letter", "points", "size"]
         assert lab.exercise(controls["points"]).after == "5"  # 3 -> 4 earlier, now 4 -> 5
         assert lab.exercise(controls["letter"]).after == "b"
+        assert lab.exercise(controls["size"]).after == "large"
         lab.change_timeout_s, saved = 2.0, lab.change_timeout_s
         try:
             with pytest.raises(NotebookCheckFailure, match=r"'ignored'.*did not change any Output"):
@@ -219,11 +234,9 @@ def test_checker_passes_working_widgets_and_catches_an_inert_one(lab):
 
 def test_checker_reports_cell_errors(lab):
     """Cell 1 raises too, but is tagged raises-exception: Run All goes on, and cell 2 is reported."""
-    try:
+    with evidence(lab, "selftest_raises"):
         with pytest.raises(NotebookCheckFailure, match=r"cell 2 shows an error: ZeroDivisionError"):
             lab.check_notebook("_selftest/raises.ipynb")
-    finally:
-        lab.close_notebook()
 
 
 def test_fails_without_widget_extension(request, chromium, lab_root, tmp_path_factory):
@@ -233,10 +246,10 @@ def test_fails_without_widget_extension(request, chromium, lab_root, tmp_path_fa
                            (ANNOUNCEMENTS, WIDGET_MANAGER))
     page = LabPage(chromium, server)
     try:
-        page.load()
-        with pytest.raises(NotebookCheckFailure, match=r"text fallback.*IntSlider\(value=3"):
-            page.check_notebook("_selftest/widgets.ipynb")
+        with evidence(page, "selftest_no_widget_extension"):
+            page.load()
+            with pytest.raises(NotebookCheckFailure, match=r"text fallback.*IntSlider\(value=3"):
+                page.check_notebook("_selftest/widgets.ipynb")
     finally:
-        page.close_notebook()
         page.close()
         server.stop()

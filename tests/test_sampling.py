@@ -73,6 +73,15 @@ def test_top_p_keeps_the_token_that_crosses_p():
     assert sorted(kept_tokens(LOGITS, top_p=1.0).tolist()) == [0, 1, 2, 3, 4, 6]
 
 
+def test_top_p_one_keeps_even_the_tiniest_tokens():
+    """The running mass reaches 1.0 in float64 long before tokens of probability ~1e-22; p = 1
+    must still keep them (it is "no filter"), exactly like plain sampling at T = 1."""
+    logits = np.array([50.0] + [0.0] * 1000, dtype=np.float32)
+    assert len(kept_tokens(logits, top_p=1.0)) == 1001
+    np.testing.assert_array_equal(sampling_distribution(logits, top_p=1.0), sampling_distribution(logits, temperature=1.0))
+    assert len(kept_tokens(logits, top_p=0.999)) == 1
+
+
 def test_filters_apply_in_order_temperature_top_k_top_p():
     t, k, p = 0.5, 4, 0.8
     scaled = [float(v) / t for v in LOGITS]

@@ -143,8 +143,9 @@ def prefill_speed(model: Model, prompt_length: int, repeat: int = 3) -> dict:
     """Prefill of a `prompt_length`-token prompt into a fresh cache (last_only=True, as
     `generate` does). -> {"tokens_per_second", "seconds", "gflops"} (FLOPs from a trace)."""
     ids = bench_tokens(model, prompt_length)
-    seconds = median_seconds(lambda: forward(model, ids, model.new_cache(prompt_length), last_only=True), repeat)
-    flops = traced(model, [ids], [None]).total_flops()
+    flops = traced(model, [ids], [None]).total_flops()  # untimed; it also warms up
+    seconds = median_seconds(lambda: forward(model, ids, model.new_cache(prompt_length), last_only=True), repeat,
+                             warmup=0)
     return {"tokens_per_second": prompt_length / seconds, "seconds": seconds, "gflops": flops / seconds / 1e9}
 
 

@@ -219,7 +219,8 @@ def decoder_block(cfg, layer, l, x, positions, bounds, caches, keep=None, trace=
     h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)  # [N, D]
     hq = h if keep is None else h[keep]
     if layer.w_qkv is not None and keep is None:  # fused: one matmul, the same numbers
-        q, k, v = np.split(h @ layer.w_qkv, [Hq * d, (Hq + Hkv) * d], axis=1)
+        qkv = h @ layer.w_qkv  # [N, (Hq + 2*Hkv) * d]
+        q, k, v = qkv[:, :Hq * d], qkv[:, Hq * d:(Hq + Hkv) * d], qkv[:, (Hq + Hkv) * d:]
     else:
         q, k, v = hq @ layer.wq, h @ layer.wk, h @ layer.wv
     q = q.reshape(-1, Hq, d)  # [Nq, Hq, d]
@@ -245,8 +246,8 @@ def decoder_block(cfg, layer, l, x, positions, bounds, caches, keep=None, trace=
     x = resid + out @ layer.wo  # [Nq, D]
     z = rmsnorm(x, layer.ffn_norm, cfg.norm_eps)
     if layer.w_gate_up is not None:  # fused: one matmul for gate and up
-        gate, up = np.split(z @ layer.w_gate_up, 2, axis=1)
-        hidden = silu(gate) * up  # [Nq, F]
+        gate_up = z @ layer.w_gate_up  # [Nq, 2F]
+        hidden = silu(gate_up[:, :cfg.d_ff]) * gate_up[:, cfg.d_ff:]  # [Nq, F]
     else:
         hidden = swiglu(z, layer.w_gate, layer.w_up)  # [Nq, F]
     y = x + hidden @ layer.w_down  # [Nq, D]

@@ -21,9 +21,10 @@ def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)), after subtracting the max so that exp never overflows.
 
     Entries of -inf get weight 0, as a causal mask needs."""
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    e = np.exp(shifted)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    e = x - np.max(x, axis=axis, keepdims=True)  # shifted: the largest entry becomes 0
+    np.exp(e, out=e)  # in place: one temporary instead of three (x itself is not changed)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
 
 
 def silu(x):
@@ -47,6 +48,9 @@ def causal_mask(n_queries, n_keys, dtype=np.float32):
     return np.where(future, -np.inf, 0.0).astype(dtype)
 
 
+ATTENTION_BLOCK = 64  # a long prefill runs its queries in blocks of this many (see attention)
+
+
 def attention(q, k, v, return_weights=False):
     """Causal grouped-query attention of S new queries over T visible keys.
 
@@ -56,14 +60,28 @@ def attention(q, k, v, return_weights=False):
 
     Query head h reads KV head h // (Hq // Hkv). The group of query heads that shares a KV
     head is stacked into one matrix, so each KV head costs one BLAS matmul for QK^T and one
-    for PV, with no copy of K or V."""
+    for PV, with no copy of K or V.
+
+    More than ATTENTION_BLOCK queries (a long prefill) run block by block, each block against
+    only the keys its last query may see: the same result (masked keys get weight exactly 0
+    either way; sums may round differently in the last bit), without computing and then
+    masking most of the upper triangle of the S x T scores."""
     S, Hq, d = q.shape
     T, Hkv, _ = k.shape
+    if S > ATTENTION_BLOCK and not return_weights:
+        out = np.empty((S, Hq * d), q.dtype)
+        for a in range(0, S, ATTENTION_BLOCK):
+            b = min(a + ATTENTION_BLOCK, S)
+            visible = T - S + b  # keys 0 .. position of query b-1
+            out[a:b] = attention(q[a:b], k[:visible], v[:visible])
+        return out
     g = Hq // Hkv
     qg = q.reshape(S, Hkv, g, d).transpose(1, 2, 0, 3).reshape(Hkv, g * S, d)  # [Hkv, g*S, d]
     scale = q.dtype.type(1.0 / math.sqrt(d))  # a float64 scalar here would promote everything
     scores = (qg * scale) @ k.transpose(1, 2, 0)  # [Hkv, g*S, T]
-    scores = scores.reshape(Hkv, g, S, T) + causal_mask(S, T, q.dtype)  # mask BEFORE softmax
+    scores = scores.reshape(Hkv, g, S, T)
+    if S > 1:  # (a single new query is the latest position: it sees every key)
+        scores += causal_mask(S, T, q.dtype)  # mask BEFORE softmax
     weights = softmax(scores)  # [Hkv, g, S, T]
     out = weights.reshape(Hkv, g * S, T) @ v.transpose(1, 0, 2)  # [Hkv, g*S, d]
     out = out.reshape(Hkv, g, S, d).transpose(2, 0, 1, 3).reshape(S, Hq * d)  # [S, Hq*d]

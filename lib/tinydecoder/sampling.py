@@ -112,6 +112,8 @@ def top_p_filter(logits, p):
     token that crosses p is kept. p = 1 keeps every token of nonzero probability."""
     check_sampling_params(top_p=p)
     logits = np.asarray(logits, dtype=np.float64)
+    if p >= 1:  # no filter; the running sum could round to 1.0 before the tiniest tokens
+        return logits.copy()
     order = rank_tokens(logits)
     mass = probabilities(logits)[order]  # [V], best first
     before = np.cumsum(mass) - mass  # mass of the better tokens

@@ -532,7 +532,7 @@ def sampling_figure(view, labels):
     ax.set_xlabel("next token (best first)")
     s = view["settings"]
     mode = "greedy" if view["greedy"] else (f"T={s['temperature'] if s['temperature'] is not None else 1}, "
-                                            f"top-k={s['top_k']}, top-p={s['top_p']}")
+                                            f"top-k={s['top_k'] or 'off'}, top-p={s['top_p'] or 'off'}")
     ax.set_title(f"{mode}: {view['n_kept']} token(s) kept, holding {view['kept_base_mass']:.3f} "
                  f"of the temperature-1 mass")
     ax.set_ylim(0, 1.02)
@@ -567,7 +567,7 @@ def rope_figure(view, pairs=(0, 1, 2, -1)):
     n_pairs = len(view["angle_q"])
     pairs = [p % n_pairs for p in pairs]
     fig, axes = plt.subplots(1, len(pairs) + 1, figsize=(3.0 * (len(pairs) + 1) + 1, 3.2), layout="constrained")
-    lim = 1.2 * max(np.abs(view["q"]).max(), np.abs(view["k"]).max()) * 1.42
+    lim = 1.2 * max(np.linalg.norm(view["q"], axis=1).max(), np.linalg.norm(view["k"], axis=1).max())
     for ax, p in zip(axes, pairs):
         viz.arrows_2d(ax, {"q": view["q_rot"][p], "k": view["k_rot"][p]}, limit=lim, colors=["C0", "C3"])
         for vec, color in ((view["q"][p], "C0"), (view["k"][p], "C3")):

@@ -22,8 +22,8 @@ against the same model cast to float64; it fails if the greedy tokens disagree a
 Nothing in the project depends on torch or transformers: only this script does, and it runs
 in its own virtualenv. The fixtures it writes are committed; tests read them with numpy/json.
 
-How to run (about 4-7 minutes on 2 shared CPU cores, ~2 GB RAM)
-----------------------------------------------------------------
+How to run (~7 minutes on 2 idle CPU cores, ~2 GB RAM; 27 minutes once when the cores were busy)
+------------------------------------------------------------------------------------------------
 Make a separate virtualenv (NOT the project's .venv)::
 
     python3 -m venv /tmp/refvenv
