@@ -4,9 +4,11 @@ Three pieces, each usable on its own:
 
 - `LabServer`: a throw-away JupyterLab server from this Python environment, on 127.0.0.1, a free
   port and a random token, with its own config, data, runtime, settings and workspaces
-  directories (nothing in ~/.jupyter or the project is read or written). Lab extensions are
-  disabled the way `jupyter labextension disable --level=user NAME` does it, by writing
-  `labconfig/page_config.json` into that private JUPYTER_CONFIG_DIR.
+  directories (nothing in ~/.jupyter or the project is written). Lab extensions are disabled
+  the way `jupyter labextension disable --level=user NAME` does it, by writing
+  `labconfig/page_config.json` into that private JUPYTER_CONFIG_DIR: the announcements pop-up
+  always, plus whatever the user's own page_config.json disables (so `jupyter labextension
+  disable` at any level reaches the test server, as it would reach the reader's JupyterLab).
 - `launch_chromium`: Debian's /usr/bin/chromium through the Python `playwright` package
   (`executable_path`, no browser download), fresh profile directory.
 - `LabPage`: one browser tab on a server. It opens a notebook, clears its outputs, runs all cells,
@@ -65,6 +67,31 @@ class NotebookCheckFailure(AssertionError):
         self.cell = cell
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: on Linux, SIGTERM it when the test process dies, even by
+    SIGKILL (the server has a session of its own, so nothing else would reach it)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def user_disabled_extensions() -> list[str]:
+    """Lab extensions and plugins disabled in the user's own labconfig/page_config.json."""
+    try:
+        from jupyter_core.paths import jupyter_config_dir
+
+        path = Path(jupyter_config_dir()) / "labconfig" / "page_config.json"
+        disabled = json.loads(path.read_text()).get("disabledExtensions", {})
+    except (ImportError, OSError, ValueError, AttributeError):
+        return []
+    if isinstance(disabled, dict):
+        return [name for name, off in disabled.items() if off]
+    return [str(name) for name in disabled] if isinstance(disabled, list) else []
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -97,9 +124,13 @@ class LabServer:
                 ("config", "data", "runtime", "settings", "workspaces", "ipython")}
         for path in dirs.values():
             path.mkdir(parents=True, exist_ok=True)
-        # What `jupyter labextension disable --level=user NAME` writes (JupyterLab 4).
+        # What `jupyter labextension disable --level=user NAME` writes (JupyterLab 4). Extensions
+        # disabled at user level outside (JUPYTER_CONFIG_DIR, else ~/.jupyter) stay disabled; the
+        # sys-prefix and system levels are read by the server itself.
+        disabled = {name: True for name in user_disabled_extensions()}
+        disabled.update({name: True for name in self.disabled_extensions})
         (dirs["config"] / "labconfig").mkdir(exist_ok=True)
-        page_config = {"disabledExtensions": {name: True for name in self.disabled_extensions}}
+        page_config = {"disabledExtensions": disabled}
         (dirs["config"] / "labconfig" / "page_config.json").write_text(json.dumps(page_config))
         for rel, values in LAB_SETTINGS.items():
             path = dirs["settings"] / rel
@@ -118,7 +149,7 @@ class LabServer:
             JUPYTER_TOKEN=self.token,  # in the environment, not on the command line
         )
         env.pop("MPLBACKEND", None)  # the kernel must use the inline backend
-        for attempt in range(3):
+        for _attempt in range(3):
             self.port = free_port()
             cmd = [
                 self.python, "-m", "jupyterlab",
@@ -136,7 +167,8 @@ class LabServer:
             log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(cmd, cwd=self.work_dir, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
             log.close()
             if self._wait_ready(timeout):
                 return self
@@ -219,12 +251,19 @@ class LabServer:
 # The browser
 # --------------------------------------------------------------------------------------------
 def launch_chromium(playwright, profile_dir: Path, executable: str = CHROMIUM):
-    """A persistent context on a fresh profile directory (playwright refuses --user-data-dir)."""
+    """A persistent context on a fresh profile directory (playwright refuses --user-data-dir).
+
+    XDG_CONFIG_HOME/XDG_CACHE_HOME point into the profile too: Chromium keeps its crash-report
+    database under ~/.config/chromium whatever the profile directory is."""
+    profile_dir = Path(profile_dir)
+    env = dict(os.environ, XDG_CONFIG_HOME=str(profile_dir / "xdg-config"),
+               XDG_CACHE_HOME=str(profile_dir / "xdg-cache"))
     return playwright.chromium.launch_persistent_context(
-        str(profile_dir),
+        str(profile_dir / "profile"),
         executable_path=executable,
         headless=True,
         args=list(CHROMIUM_FLAGS),
+        env=env,
         viewport={"width": 1280, "height": 1024},
     )
 
@@ -358,7 +397,6 @@ _JS_SHOWN = """() => {
   }
   const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
   return {digest: h1.toString(16) + h2.toString(16) + ':' + all.length,
-          images: (all.match(/data:image|blob:/g) || []).length,
           kernel: kernel ? kernel.status : 'no kernel'};
 }"""
 

@@ -182,3 +182,25 @@ def test_roofline_view_and_widget(toy):
     ax = fig.axes[0]
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and "intensity" in ax.get_xlabel()
     plt.close("all")
+
+
+def test_fork_copies_with_room_and_leaves_the_original(toy):
+    from tinydecoder.bench import fork
+
+    cache = toy.new_cache()
+    forward(toy, SEED_PROMPT, cache)
+    copy = fork(cache, extra=3)
+    assert copy.capacity == 7 and len(copy) == 4
+    np.testing.assert_array_equal(copy.k[1][:4], cache.k[1][:4])
+    forward(toy, [1, 2, 3], copy)
+    assert copy.capacity == 7 and len(copy) == 7 and len(cache) == 4
+    np.testing.assert_array_equal(forward(toy, [0], fork(cache)), forward(toy, [0], cache.copy()))
+
+
+def test_run_times_best_and_median():
+    from tinydecoder.bench import best_seconds, run_times
+
+    calls = []
+    times = run_times(lambda: calls.append(1), repeat=4, warmup=1, after=lambda: calls.append(0))
+    assert len(times) == 4 and calls == [1, 0] * 5 and all(t >= 0 for t in times)
+    assert best_seconds(lambda: None, repeat=3) >= 0

@@ -13,10 +13,14 @@ nbval checks the kernel side only; this checks what a reader sees. Machinery: te
 - On failure, a screenshot, the page's console log and the server log go to
   test-artifacts/browser/ (or TINYDECODER_BROWSER_ARTIFACTS); the failure message gives the paths.
   TINYDECODER_BROWSER_SCREENSHOTS=1 also saves NAME.passed.png, scrolled to the widget it moved.
-- To see the suite fail as it should without the widget extension, run it with
-  TINYDECODER_BROWSER_DISABLE_EXTENSIONS=@jupyter-widgets/jupyterlab-manager (extensions to disable,
-  comma-separated, in the temporary server only); test_fails_without_widget_extension does the
-  same on a small notebook of its own on every run.
+- Without the widget extension the suite fails, as it should. test_fails_without_widget_extension
+  checks that on every run (a second server, extension disabled, on a small notebook of its own).
+  To see it on every notebook, disable the extension in a throw-away config directory:
+      export JUPYTER_CONFIG_DIR=$(mktemp -d)
+      .venv/bin/jupyter labextension disable --level=user @jupyter-widgets/jupyterlab-manager
+      .venv/bin/python -m pytest -q tests/test_browser.py
+  or set TINYDECODER_BROWSER_DISABLE_EXTENSIONS=@jupyter-widgets/jupyterlab-manager (names to
+  disable, comma-separated, in the test server only).
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ on arithmetic. A decode step multiplies one row by every weight matrix: ~2 FLOPs
 float32 weight, 0.5 FLOP/byte, far below the ridge. Prefill and batched decode reuse each
 weight for many rows, so their intensity grows with the number of rows.
 
-Timings use time.perf_counter and report medians; nothing here asserts a speed.
+Timings use time.perf_counter. The roofs are the fastest of a few runs (what the machine can
+do); the model's speeds are medians (a typical run). Nothing here asserts a speed.
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ import time
 
 import numpy as np
 
+from .cache import KVCache
 from .model import Model, forward, forward_batch
 from .trace import Trace
 
-MATMUL_OPS = ("q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "lm_head")
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 
 
@@ -32,8 +33,9 @@ def op_cost(record, itemsize: int) -> tuple:
     """(FLOPs, bytes moved) of one traced op, with `itemsize` bytes per number.
 
     matmul x[M, K] @ w[K, N]: 2MKN FLOPs; bytes (MK + KN + MN) * itemsize.
-    attention q[S,Hq,d], K, V [T,Hkv,d] -> [S, Hq*d]: 4*Hq*S*T*d FLOPs; bytes of q, K, V and the
-    output (the scores stay in cache: the ideal, fused kernel's traffic).
+    attention q[S,Hq,d], K, V [T,Hkv,d] -> [S, Hq*d]: 4*Hq*S*T*d FLOPs as the trace counts them
+    (the whole S x T rectangle, the masked part of a prefill included); bytes of q, K, V and
+    the output (the scores stay in cache: the ideal, fused kernel's traffic).
     embed: N rows read and written. Other elementwise ops (norms, RoPE, SwiGLU): 0 FLOPs in the
     trace; bytes of their inputs and output."""
     size = lambda shape: int(np.prod(shape, dtype=np.int64))
@@ -79,19 +81,33 @@ def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_g
     return total
 
 
+def fork(cache, extra: int = 1):
+    """A copy of `cache` with room for `extra` more positions, so that the next append does not
+    have to grow (copy) it again; a cache that is not a KVCache is copied with its .copy()."""
+    if not isinstance(cache, KVCache):
+        return cache.copy()
+    n = len(cache)
+    new = KVCache(cache.config, cache.dtype, capacity=n + extra)
+    for layer in range(cache.config.n_layers):
+        new.k[layer][:n] = cache.k[layer][:n]
+        new.v[layer][:n] = cache.v[layer][:n]
+    new.lengths = list(cache.lengths)
+    return new
+
+
 def traced(model: Model, batch, caches, last_only=True) -> Trace:
     """Run forward_batch with a trace (attention weights not kept) on copies of the caches,
     so the caches passed in are left as they were."""
     trace = Trace(keep_weights=False)
-    copies = [None if c is None else c.copy() for c in caches]
+    copies = [None if c is None else fork(c, len(ids)) for c, ids in zip(caches, batch)]
     forward_batch(model, batch, copies, last_only=last_only, trace=trace)
     return trace
 
 
 # ----------------------------------------------------------------------------- timing
 
-def median_seconds(fn, repeat: int = 5, warmup: int = 1, after=None) -> float:
-    """Median wall time of fn() over `repeat` calls, after `warmup` untimed calls; `after()`
+def run_times(fn, repeat: int = 5, warmup: int = 1, after=None) -> list:
+    """Wall times (seconds) of `repeat` calls of fn(), after `warmup` untimed calls; `after()`
     (untimed) runs after every call, e.g. to truncate a cache back."""
     if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
         raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
@@ -104,32 +120,44 @@ def median_seconds(fn, repeat: int = 5, warmup: int = 1, after=None) -> float:
             after()
         if i >= warmup:
             times.append(elapsed)
-    return float(np.median(times))
+    return times
+
+
+def median_seconds(fn, repeat: int = 5, warmup: int = 1, after=None) -> float:
+    """Median wall time of fn() over `repeat` calls (see run_times): a typical run."""
+    return float(np.median(run_times(fn, repeat, warmup, after)))
+
+
+def best_seconds(fn, repeat: int = 5, warmup: int = 1) -> float:
+    """Shortest wall time of fn() over `repeat` calls: for a roof, what the machine can do
+    (other programs running at the same time can only make a run slower)."""
+    return float(np.min(run_times(fn, repeat, warmup)))
 
 
 def measure_bandwidth(nbytes: int = 2**28, repeat: int = 5) -> dict:
     """Memory bandwidth from a float32 matrix-vector product x[1, K] @ W[K, N] with W of
     `nbytes` (default 268 MB, far larger than any cache): the access pattern of a decode
     step, which reads every weight once. Also a plain copy (read + write) for comparison.
+    The fastest of `repeat` runs (a roof is the best the machine does).
     -> {"bandwidth_gbps", "copy_gbps", "bytes", "seconds"}."""
     n = max(64, int(math.isqrt(nbytes // 4)))
     w = np.full((n, n), 0.5, dtype=np.float32)  # [K, N], every page touched
     x = np.ones((1, n), dtype=np.float32)
     y = np.empty((1, n), dtype=np.float32)
-    seconds = median_seconds(lambda: np.matmul(x, w, out=y), repeat)
+    seconds = best_seconds(lambda: np.matmul(x, w, out=y), repeat)
     dst = np.empty_like(w)
-    copy_seconds = median_seconds(lambda: np.copyto(dst, w), repeat)
+    copy_seconds = best_seconds(lambda: np.copyto(dst, w), repeat)
     return {"bandwidth_gbps": w.nbytes / seconds / 1e9, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
             "bytes": int(w.nbytes), "seconds": seconds}
 
 
 def measure_matmul(n: int = 2048, repeat: int = 3) -> dict:
-    """Matmul FLOP/s from a float32 [n, n] @ [n, n] product (2 n^3 FLOPs).
-    -> {"matmul_gflops", "n", "seconds"}."""
+    """Matmul FLOP/s from a float32 [n, n] @ [n, n] product (2 n^3 FLOPs), the fastest of
+    `repeat` runs.  -> {"matmul_gflops", "n", "seconds"}."""
     a = np.full((n, n), 0.5, dtype=np.float32)
     b = np.full((n, n), 0.25, dtype=np.float32)
     c = np.empty((n, n), dtype=np.float32)
-    seconds = median_seconds(lambda: np.matmul(a, b, out=c), repeat)
+    seconds = best_seconds(lambda: np.matmul(a, b, out=c), repeat)
     return {"matmul_gflops": 2 * n**3 / seconds / 1e9, "n": n, "seconds": seconds}
 
 
@@ -164,7 +192,7 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None) -> dict:
     each step sees exactly that context (a cache passed in is copied, not changed).
     -> {context: {"tokens_per_second", "seconds"}}, in the order of `contexts`."""
     contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
-    cache = prefilled_cache(model, contexts[0]) if cache is None else cache.copy()
+    cache = prefilled_cache(model, contexts[0]) if cache is None else fork(cache)
     token = bench_tokens(model, 1, seed=2)
     out = {}
     for c in contexts:
@@ -181,12 +209,12 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
     positions. Per B: aggregate tokens/s (B / step time), and, when the roofs are given, the
     roofline's prediction (from a traced step). -> [{"batch", "tokens_per_second", "seconds",
     "predicted_tokens_per_second"?}, ...]."""
-    cache = prefilled_cache(model, context) if cache is None else cache.copy()  # the caller's stays as it was
+    cache = prefilled_cache(model, context) if cache is None else fork(cache)  # the caller's stays as it was
     cache.truncate(context)
     itemsize = model.dtype.itemsize
     rows = []
     for b in batch_sizes:
-        caches = [cache.copy() for _ in range(b)]
+        caches = [fork(cache) for _ in range(b)]
         batch = [bench_tokens(model, 1, seed=3 + s) for s in range(b)]
 
         def undo():
@@ -282,9 +310,14 @@ def format_report(result: dict) -> str:
 
 # ----------------------------------------------------------------------------- the roofline plot's data
 
-def decode_intensities_by_batch(model: Model, cache, batch_sizes=BATCH_SIZES, layer: int = 0) -> dict:
+def decode_intensities_by_batch(model: Model, cache, batch_sizes=BATCH_SIZES, layer: int = 0,
+                                context=None) -> dict:
     """For each batch size B: layer_intensities of one traced decode step of B sequences, each
-    after the positions in `cache` (copied; the cache is not changed).  -> {B: {op: {...}}}."""
+    after the first `context` positions of `cache` (default: all; the cache is not changed).
+    -> {B: {op: {...}}}."""
+    if context is not None:
+        cache = fork(cache)
+        cache.truncate(context)
     itemsize = model.dtype.itemsize
     token = bench_tokens(model, 1, seed=2)
     return {int(b): layer_intensities(traced(model, [token] * b, [cache] * b), itemsize, layer)

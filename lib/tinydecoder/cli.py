@@ -115,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure this machine's roofs and the model's prefill/decode speed")
     bench.add_argument("--model", choices=("toy", "smollm2"), default="toy",
                        help="toy: the seed toy's shapes (seconds); smollm2: the real model (~1 minute)")
-    bench.add_argument("--repeat", type=_positive_int, default=3, help="timed repetitions, medians (default 3)")
+    bench.add_argument("--repeat", type=_positive_int, default=3,
+                       help="timed repetitions (default 3): roofs take the best, speeds the median; on a busy "
+                            "machine compare with OPENBLAS_NUM_THREADS=1")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.set_defaults(func=cmd_bench)
     gen = sub.add_parser("generate", help="generate text with SmolLM2-135M (or token ids with the toy model)",

@@ -29,10 +29,11 @@ transposed, as a `.npy` file into a cache folder named by the GGUF's sha256
 (`$TINYDECODER_CACHE`, else `$XDG_CACHE_HOME/tinydecoder`, else `~/.cache/tinydecoder`).
 The folder is written under a temporary name and renamed when complete, so a crash never
 leaves half a cache. Later loads verify the sha256 and memory-map the `.npy` files
-(read-only; nothing is unpickled). Q, K and V of a layer are stored side by side in one
-[D, (Hq + 2 Hkv) d] array and gate and up in one [D, 2F] array; `wq`, `wk`, `wv`, `w_gate`,
-`w_up` are views into them, so a decode step can run one matmul for each pair (see
-`LayerWeights.w_qkv`). The weights exist once, in the cache, whatever is read from it.
+(read-only; nothing is unpickled). The embedding is stored transposed, [D, V], and `embed` is
+a [V, D] view of it, so that the tied output head `embed.T` is contiguous. Q, K and V of a
+layer are stored side by side in one [D, (Hq + 2 Hkv) d] array and gate and up in one [D, 2F]
+array; `wq`, `wk`, `wv`, `w_gate`, `w_up` are views into them, so a decode step runs one
+matmul for each group (see `LayerWeights.w_qkv`). The weights exist once, in the cache.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from .config import Config
 from .model import LayerWeights, Model
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 _MISSING = object()
 
 
@@ -253,7 +254,7 @@ def array_shapes(cfg: Config) -> dict:
     """Cache array name -> shape, in tinydecoder's [in, out] layout, fused where it helps."""
     D, F = cfg.d_model, cfg.d_ff
     q_width, kv_width = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    shapes = {"token_embd": (cfg.vocab_size, D), "output_norm": (D,)}
+    shapes = {"token_embd": (D, cfg.vocab_size), "output_norm": (D,)}  # stored transposed, see below
     if not cfg.tied_embeddings:
         shapes["output"] = (D, cfg.vocab_size)
     for l in range(cfg.n_layers):
@@ -268,7 +269,7 @@ def _destination(cfg: Config, gguf_name: str):
     """Where a GGUF tensor goes: (array name, column slice or None, transpose?)."""
     if not gguf_name.startswith("blk."):
         base = gguf_name.removesuffix(".weight")
-        return base, None, base == "output"
+        return base, None, base in ("output", "token_embd")
     _, l, part, _ = gguf_name.split(".")
     q_width, kv_width, F = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.d_ff
     columns = {"attn_q": ("attn_qkv", 0, q_width), "attn_k": ("attn_qkv", q_width, q_width + kv_width),
@@ -310,7 +311,10 @@ def assemble_model(cfg: Config, arrays: dict) -> Model:
             wo=arrays[f"blk.{l}.attn_output"], w_gate=gate_up[:, :F], w_up=gate_up[:, F:],
             w_down=arrays[f"blk.{l}.ffn_down"], attn_norm=arrays[f"blk.{l}.attn_norm"],
             ffn_norm=arrays[f"blk.{l}.ffn_norm"], w_qkv=qkv, w_gate_up=gate_up))
-    return Model(cfg, embed=arrays["token_embd"], layers=layers, final_norm=arrays["output_norm"],
+    # The embedding is stored [D, V] and used through its transpose: embed[ids] gathers rows of
+    # a [V, D] view (a few microseconds a token), while the tied head, embed.T, is then a
+    # contiguous [D, V] matrix, which a decode step's matrix-vector product reads ~1.5x faster.
+    return Model(cfg, embed=arrays["token_embd"].T, layers=layers, final_norm=arrays["output_norm"],
                  lm_head=arrays.get("output"))
 
 

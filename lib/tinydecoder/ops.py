@@ -80,8 +80,8 @@ def attention(q, k, v, return_weights=False):
     scale = q.dtype.type(1.0 / math.sqrt(d))  # a float64 scalar here would promote everything
     scores = (qg * scale) @ k.transpose(1, 2, 0)  # [Hkv, g*S, T]
     scores = scores.reshape(Hkv, g, S, T)
-    if S > 1:  # (a single new query is the latest position: it sees every key)
-        scores += causal_mask(S, T, q.dtype)  # mask BEFORE softmax
+    if S > 1:  # mask BEFORE softmax; past keys are visible to every new query, so only the
+        scores[..., T - S:] += causal_mask(S, S, q.dtype)  # last S columns need the triangle
     weights = softmax(scores)  # [Hkv, g, S, T]
     out = weights.reshape(Hkv, g * S, T) @ v.transpose(1, 0, 2)  # [Hkv, g*S, d]
     out = out.reshape(Hkv, g, S, d).transpose(2, 0, 1, 3).reshape(S, Hq * d)  # [S, Hq*d]

@@ -69,9 +69,27 @@ def rank_tokens(logits) -> np.ndarray:
     return np.argsort(-np.asarray(logits, dtype=np.float64), kind="stable")
 
 
+def best_tokens(logits, m: int) -> np.ndarray:
+    """rank_tokens(logits)[:m] without sorting the whole vocabulary: partition to find the m-th
+    best logit, then sort only the tokens at or above it (ties there included, so the tie rule
+    is exact).  -> [min(m, V)] ids, best first."""
+    logits = np.asarray(logits, dtype=np.float64)
+    V = logits.size
+    if m >= V:
+        return rank_tokens(logits)
+    finite = np.flatnonzero(logits > -np.inf)  # -inf entries would slow the partition down
+    values = logits[finite]
+    if finite.size <= m:  # all finite ones, then -inf ids in increasing order
+        ranked = finite[np.argsort(-values, kind="stable")]
+        return np.concatenate([ranked, np.flatnonzero(logits == -np.inf)[:m - ranked.size]])
+    threshold = np.partition(values, finite.size - m)[finite.size - m]  # the m-th largest value
+    ids = finite[values >= threshold]  # increasing ids, at least m of them
+    return ids[np.argsort(-logits[ids], kind="stable")][:m]
+
+
 def greedy_token(logits) -> int:
     """The best token, the lowest id among ties (the same as `tinydecoder.greedy`)."""
-    return int(rank_tokens(check_logits(logits))[0])
+    return int(np.argmax(check_logits(logits)))  # argmax returns the first maximum
 
 
 def apply_temperature(logits, temperature):
@@ -92,7 +110,7 @@ def top_k_filter(logits, k):
     check_sampling_params(top_k=k)
     logits = np.asarray(logits, dtype=np.float64)
     out = np.full_like(logits, -np.inf)
-    best = rank_tokens(logits)[:k]  # [min(k, V)]
+    best = best_tokens(logits, k)  # [min(k, V)]
     out[best] = logits[best]  # -inf stays -inf even if ranked among the k
     return out
 
@@ -114,8 +132,14 @@ def top_p_filter(logits, p):
     logits = np.asarray(logits, dtype=np.float64)
     if p >= 1:  # no filter; the running sum could round to 1.0 before the tiniest tokens
         return logits.copy()
-    order = rank_tokens(logits)
-    mass = probabilities(logits)[order]  # [V], best first
+    probs = probabilities(logits)
+    m = 64
+    while True:  # the nucleus is a head of the ranking: rank only a head big enough to hold it
+        order = best_tokens(logits, m)
+        mass = probs[order]  # best first
+        if m >= logits.size or mass.sum() >= p:
+            break
+        m *= 4
     before = np.cumsum(mass) - mass  # mass of the better tokens
     keep = order[(before < p) & (mass > 0)]  # the first token always has before == 0 < p
     out = np.full_like(logits, -np.inf)
@@ -140,7 +164,7 @@ def sampling_distribution(logits, temperature=None, top_k=None, top_p=None) -> n
     check_sampling_params(temperature, top_k, top_p)
     if is_greedy(temperature, top_k, top_p):
         probs = np.zeros_like(logits)
-        probs[rank_tokens(logits)[0]] = 1.0
+        probs[np.argmax(logits)] = 1.0  # the first maximum: the lowest id among ties
         return probs
     scaled = apply_temperature(logits - logits.max(), 1.0 if temperature is None else temperature)
     if top_k is not None:
