@@ -247,7 +247,8 @@ def decoder_block(cfg, layer, l, x, positions, bounds, caches, keep=None, trace=
     z = rmsnorm(x, layer.ffn_norm, cfg.norm_eps)
     if layer.w_gate_up is not None:  # fused: one matmul for gate and up
         gate_up = z @ layer.w_gate_up  # [Nq, 2F]
-        hidden = silu(gate_up[:, :cfg.d_ff]) * gate_up[:, cfg.d_ff:]  # [Nq, F]
+        hidden = silu(gate_up[:, :cfg.d_ff])  # [Nq, F]
+        hidden *= gate_up[:, cfg.d_ff:]
     else:
         hidden = swiglu(z, layer.w_gate, layer.w_up)  # [Nq, F]
     y = x + hidden @ layer.w_down  # [Nq, D]

@@ -21,15 +21,18 @@ def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)), after subtracting the max so that exp never overflows.
 
     Entries of -inf get weight 0, as a causal mask needs."""
-    e = x - np.max(x, axis=axis, keepdims=True)  # shifted: the largest entry becomes 0
-    np.exp(e, out=e)  # in place: one temporary instead of three (x itself is not changed)
-    e /= np.sum(e, axis=axis, keepdims=True)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))  # shifted: the largest entry becomes 0
+    e /= np.sum(e, axis=axis, keepdims=True)  # in place: one large temporary fewer
     return e
 
 
 def silu(x):
-    """x * sigmoid(x)."""
-    return x / (1.0 + np.exp(-x))
+    """x * sigmoid(x) = x / (1 + exp(-x))."""
+    e = np.exp(-x)
+    if isinstance(e, np.ndarray):  # reuse the temporary (large fresh ones cost page faults)
+        e += 1.0
+        return np.divide(x, e, out=e)
+    return x / (1.0 + e)
 
 
 def swiglu(x, w_gate, w_up):

@@ -621,12 +621,24 @@ def roofline_figure(bandwidth_gbps, peak_gflops, points=None, ax=None, title=Non
     ax.text(ridge * 1.1, peak_gflops * 0.05, f"ridge {ridge:.1f} FLOP/byte", fontsize=8, color="#555555")
     for i, (label, (xv, yv, names)) in enumerate((points or {}).items()):
         ax.scatter(xv, yv, s=40, marker="os^Dv"[i % 5], color=f"C{i}", label=label, zorder=3)
+        spots = {}  # ops at (nearly) the same point share one label
         for x, y, name in zip(xv, yv, names or []):
-            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7, color=f"C{i}")
+            key = (round(float(np.log10(x)), 1), round(float(np.log10(y)), 1))
+            spots.setdefault(key, (x, y, []))[2].append(name)
+        above = i % 2 == 0  # the first series labelled above its points, the second below
+        for x, y, group in spots.values():
+            if len(group) > 2:  # a crowd: a small block of text beside the point
+                text = "\n".join(", ".join(group[k:k + 3]) for k in range(0, len(group), 3))
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 4 if above else -4), fontsize=7,
+                            color=f"C{i}", ha="left", va="bottom" if above else "top")
+            else:
+                ax.annotate(", ".join(group), (x, y), textcoords="offset points", xytext=(2, 7 if above else -7),
+                            fontsize=7, color=f"C{i}", rotation=50 if above else -50, rotation_mode="anchor",
+                            ha="left", va="bottom" if above else "top")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("GFLOP/s")
     ax.set_xlim(xs[0], xs[-1])
-    ax.set_ylim(bandwidth_gbps * xs[0] * 0.5, peak_gflops * 3)
+    ax.set_ylim(bandwidth_gbps * xs[0] * 0.5, peak_gflops * 30)  # room for the labels above the roof
     ax.legend(fontsize=8, loc="lower right")
     if title:
         ax.set_title(title)
