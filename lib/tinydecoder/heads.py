@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from .config import Config
-from .model import Model, check_token_ids, decoder_block
+from .model import Model, check_token_ids, layer_input
 from .ops import apply_rope, rmsnorm
 
 
@@ -69,13 +69,7 @@ def layer_qkv(model: Model, token_ids, layer: int = 0):
         raise ValueError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer!r}")
     ids = check_token_ids(cfg, token_ids)
     positions = np.arange(len(ids))
-    x = model.embed[ids]  # [S, D]
-    if cfg.position == "table":
-        x = x + model.pos_table[positions]
-    bounds = np.array([0, len(ids)])
-    cache = model.new_cache(len(ids))
-    for l in range(layer):
-        x = decoder_block(cfg, model.layers[l], l, x, positions, bounds, [cache])
+    x = layer_input(model, ids, layer)  # [S, D]
     w = model.layers[layer]
     h = rmsnorm(x, w.attn_norm, cfg.norm_eps)  # [S, D]
     q = (h @ w.wq).reshape(len(ids), cfg.n_heads, cfg.head_dim)  # [S, Hq, d]

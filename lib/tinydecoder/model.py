@@ -163,6 +163,30 @@ def check_context(config: Config, past: int, new: int) -> None:
                          f"but this model's context limit is {config.max_context}")
 
 
+def embed_tokens(model: Model, ids, positions) -> np.ndarray:
+    """Each id's row of the embedding table, plus its position's row when the model has a
+    position table (a RoPE model adds positions inside attention instead).  -> [N, D]"""
+    x = model.embed[ids]  # [N, D]
+    if model.config.position == "table":
+        x = x + model.pos_table[positions]
+    return x
+
+
+def layer_input(model: Model, token_ids, layer: int) -> np.ndarray:
+    """The hidden state [S, D] entering block `layer` when token_ids are prefilled from scratch:
+    the embedding (plus positions), then blocks 0 .. layer-1. Notebooks use it to look inside."""
+    cfg = model.config
+    ids = check_token_ids(cfg, token_ids)
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < cfg.n_layers:
+        raise ValueError(f"layer {layer!r} is out of range: layers are 0..{cfg.n_layers - 1} (n_layers)")
+    positions = np.arange(len(ids))
+    x = embed_tokens(model, ids, positions)  # [S, D]
+    cache, bounds = model.new_cache(len(ids)), np.array([0, len(ids)])
+    for l in range(int(layer)):
+        x = decoder_block(cfg, model.layers[l], l, x, positions, bounds, [cache])
+    return x
+
+
 def forward(model: Model, token_ids, cache: KVCache | None = None, *,
             last_only: bool = False, trace: Trace | None = None) -> np.ndarray:
     """Logits [S, V] for S new tokens; with a cache, attend to its past and append the new K/V.
@@ -194,9 +218,7 @@ def forward_batch(model: Model, batch, caches=None, *, last_only=False, trace=No
     bounds = np.cumsum([0] + [len(t) for t in ids])  # rows of sequence s: bounds[s]:bounds[s+1]
     positions = np.concatenate([np.arange(p, p + len(t)) for p, t in zip(pasts, ids)])  # [N]
 
-    x = model.embed[np.concatenate(ids)]  # [N, D]
-    if cfg.position == "table":
-        x = x + model.pos_table[positions]
+    x = embed_tokens(model, np.concatenate(ids), positions)  # [N, D]
     if trace is not None:
         trace.record(None, "embed", [(len(positions),)], x.shape)
     for l, layer in enumerate(model.layers):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .generate import Generation, greedy
-from .model import Model, check_token_ids, decoder_block, forward, forward_batch
+from .model import Model, check_token_ids, decoder_block, embed_tokens, forward, forward_batch
 from .ops import rmsnorm
 from .trace import Trace
 
@@ -86,9 +86,7 @@ def forward_skipping_queries(model: Model, token_ids, layers: str = "last", trac
         if len(cache):
             raise ValueError(f"forward_skipping_queries runs a prompt from scratch; the cache given "
                              f"already holds {len(cache)} positions")
-    x = model.embed[ids]  # [S, D]
-    if cfg.position == "table":
-        x = x + model.pos_table[positions]
+    x = embed_tokens(model, ids, positions)  # [S, D]
     for l, layer in enumerate(model.layers):
         skip = layers == "all" or (layers == "last" and l == cfg.n_layers - 1)
         if not skip:

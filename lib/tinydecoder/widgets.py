@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from . import viz
-from .model import check_token_ids, decoder_block
+from .model import check_token_ids, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
 from .ops import apply_rope, attention, rmsnorm, swiglu
 
 STYLE = {"description_width": "initial"}  # show the whole description, not a clipped one
@@ -184,24 +184,6 @@ def query_widget(keys=SEED_KEYS, values=SEED_VALUES):
 
 LAYER_STEPS = ("input x", "attn_norm", "q_proj", "k_proj", "v_proj", "attention", "o_proj",
                "residual 1", "ffn_norm", "ffn_gate", "ffn_up", "swiglu", "ffn_down", "residual 2")
-
-
-def layer_input(model, token_ids, layer):
-    """The hidden state [S, D] entering block `layer` of a prefill of token_ids (the embedding
-    plus positions, then the earlier blocks, run with the library's decoder_block)."""
-    cfg = model.config
-    ids = check_token_ids(cfg, token_ids)
-    if not 0 <= int(layer) < cfg.n_layers:
-        raise ValueError(f"layer {layer} is out of range: 0..{cfg.n_layers - 1} (n_layers)")
-    positions = np.arange(len(ids))
-    x = model.embed[ids]  # [S, D]
-    if cfg.position == "table":
-        x = x + model.pos_table[positions]
-    cache = model.new_cache(len(ids))
-    bounds = np.array([0, len(ids)])
-    for l in range(int(layer)):
-        x = decoder_block(cfg, model.layers[l], l, x, positions, bounds, [cache])
-    return x
 
 
 def layer_steps(model, token_ids, layer):
