@@ -34,10 +34,10 @@ def cmd_seed(args) -> int:
         fed = cached.tokens[ev_c.context_tokens - ev_c.input_rows: ev_c.context_tokens]
         diff = float(np.max(np.abs(ev_c.logits - ev_f.logits)))
         print(f"{ev_c.step}, {ev_c.phase:<11}{str(fed):<16}{ev_c.context_tokens:<13}{ev_c.next_token:<12}{diff:.1e}")
-    print(f"\n{'':<16}{'full context':>16}{'with cache':>16}")
-    print(f"{'tokens':<16}{str(full.tokens).replace(' ', ''):>16}{str(cached.tokens).replace(' ', ''):>16}")
-    print(f"{'projected rows':<16}{full.projected_rows:>16}{cached.projected_rows:>16}")
-    print(f"{'score pairs':<16}{full.score_pairs:>16}{cached.score_pairs:>16}")
+    print(f"\n{'':<16}{'full context':>22}{'with cache':>22}")
+    print(f"{'tokens':<16}{str(full.tokens).replace(' ', ''):>22}{str(cached.tokens).replace(' ', ''):>22}")
+    print(f"{'projected rows':<16}{full.projected_rows:>22}{cached.projected_rows:>22}")
+    print(f"{'score pairs':<16}{full.score_pairs:>22}{cached.score_pairs:>22}")
     return 0
 
 
