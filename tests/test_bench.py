@@ -155,9 +155,6 @@ def test_run_bench_small():
 
 
 def test_roofline_view_and_widget(toy):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from tinydecoder.bench import decode_intensities_by_batch, roofline_view

@@ -1,29 +1,19 @@
 """Notebook 07's helpers: log-scale attention maps, the head grid, the attention mass on position 0,
 and the attention explorer widget (checked on small decoders; one check on SmolLM2 itself)."""
-import matplotlib
+import ipywidgets as W
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")  # tests only; notebooks keep the inline backend
-
-import ipywidgets as W  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-import tinydecoder as td  # noqa: E402
-from tinydecoder import viz, widgets  # noqa: E402
-from tinydecoder.smollm2 import INSTALL_COMMAND, smollm2_installed  # noqa: E402
+import tinydecoder as td
+from tinydecoder import viz, widgets
+from tinydecoder.smollm2 import INSTALL_COMMAND, smollm2_installed
 
 GQA = td.Config(vocab_size=11, d_model=12, n_heads=6, n_kv_heads=2, head_dim=4, n_layers=3, d_ff=16,
                 max_context=32, position="rope", name="gqa-6-2")
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 @pytest.fixture(scope="module")

@@ -227,9 +227,6 @@ def test_unknown_bug_and_non_rope_model():
 
 
 def test_rope_widget_sliders_drive_the_data():
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from tinydecoder.widgets import rope_figure, rope_widget

@@ -290,9 +290,6 @@ def test_sampler_repr_names_its_settings():
 # --- the notebook's widget ------------------------------------------------------------------
 
 def test_distribution_view_and_widget():
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from tinydecoder.sampling import distribution_view

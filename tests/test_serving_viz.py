@@ -1,30 +1,20 @@
 """Plots and widgets of notebooks 10 and 11 (chunked prefill, continuous batching): the pure data
 functions return the right numbers for given control values, the figures draw what they claim,
 and the widgets' controls drive the data."""
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-matplotlib.use("Agg")  # tests only; notebooks keep the inline backend
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-import tinydecoder as td  # noqa: E402
-from tinydecoder import viz, widgets  # noqa: E402
-from tinydecoder.chunked import chunk_spans  # noqa: E402
-from tinydecoder.scheduler import (ARRIVAL_PATTERNS, DECODING, PREFILLING, STALLED, WAITING, Request,  # noqa: E402
+import tinydecoder as td
+from tinydecoder import viz, widgets
+from tinydecoder.chunked import chunk_spans
+from tinydecoder.scheduler import (ARRIVAL_PATTERNS, DECODING, PREFILLING, STALLED, WAITING, Request,
                                    demo_requests, run_one_at_a_time, run_schedule)
 
 TOY = td.toy_model()
 PROMPT = [0, 1, 2, 3, 4, 5, 1, 2, 3, 0]
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 # ------------------------------------------------------------------ chunked prefill

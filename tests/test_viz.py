@@ -1,21 +1,12 @@
 """tinydecoder.viz: heatmaps draw what they are given, with labels, colour bars and visible masks."""
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")  # tests only; notebooks keep the inline backend
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-import tinydecoder as td  # noqa: E402
-from tinydecoder import viz  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+import tinydecoder as td
+from tinydecoder import viz
 
 
 def hatched_cells(ax):

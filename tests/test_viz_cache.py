@@ -1,13 +1,10 @@
 """viz additions for notebooks 04-06: the GQA head mapping and the KV-cache strip."""
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")  # tests only; notebooks keep the inline backend
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-from tinydecoder import viz  # noqa: E402
+from tinydecoder import viz
 
 
 def _lines(ax):

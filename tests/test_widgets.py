@@ -1,24 +1,13 @@
 """tinydecoder.widgets: the pure data functions give the right numbers for given slider values,
 and the builders return widgets whose controls drive those functions."""
-import matplotlib
+import ipywidgets as W
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-matplotlib.use("Agg")  # tests only; notebooks keep the inline backend
-
-import ipywidgets as W  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-import tinydecoder as td  # noqa: E402
-from tinydecoder import widgets  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+import tinydecoder as td
+from tinydecoder import widgets
 
 
 @pytest.fixture(scope="module")

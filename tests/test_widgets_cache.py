@@ -1,13 +1,10 @@
 """Widgets of notebooks 04-06: their pure data functions, and the builders driven by setting
 slider values (no browser)."""
-import matplotlib
+import numpy as np
+import pytest
 
-matplotlib.use("Agg")  # tests only; notebooks keep the inline backend
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-import tinydecoder as td  # noqa: E402
-from tinydecoder import phases, widgets  # noqa: E402
+import tinydecoder as td
+from tinydecoder import phases, widgets
 
 SMOLLM2 = td.Config(vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, n_layers=30,
                     d_ff=1536, max_context=8192, position="rope", rope_base=100000.0, tied_embeddings=True,

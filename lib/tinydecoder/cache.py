@@ -6,6 +6,26 @@ import numpy as np
 from .config import Config
 
 
+def common_length(lengths, what: str, remedy: str) -> int:
+    """The number of positions every layer holds; a clear error if the layers disagree."""
+    first = lengths[0]
+    if any(n != first for n in lengths):
+        raise ValueError(f"{what} is inconsistent: per-layer lengths {lengths} differ. Every layer "
+                         f"must hold the same positions; {remedy}.")
+    return first
+
+
+def check_made_for(what: str, made_for: Config, holds, config: Config, dtype, remedy: str) -> None:
+    """Raise unless a cache made for (made_for, holds dtype) may serve a model (config, dtype)."""
+    if config != made_for:
+        diff = {f: (getattr(made_for, f), getattr(config, f)) for f in config.to_dict()
+                if getattr(made_for, f) != getattr(config, f)}
+        raise ValueError(f"{what} was made for another model: config fields differ ({what}, model): "
+                         f"{diff}. {remedy}.")
+    if dtype is not None and np.dtype(dtype) != holds:
+        raise ValueError(f"{what} holds {holds} but the model computes in {np.dtype(dtype)}; {remedy}.")
+
+
 class KVCache:
     """Per layer, K and V of shape [T, Hkv, d], stored after RoPE (when the model uses it).
 
@@ -27,24 +47,12 @@ class KVCache:
         return self.check_lengths()
 
     def check_lengths(self) -> int:
-        first = self.lengths[0]
-        if any(n != first for n in self.lengths):
-            raise ValueError(
-                f"KV cache is inconsistent: per-layer lengths {self.lengths} differ. Every layer "
-                f"must hold the same positions; rebuild the cache (e.g. prefill again).")
-        return first
+        return common_length(self.lengths, "KV cache", "rebuild the cache (e.g. prefill again)")
 
     def check(self, config: Config, dtype=None) -> None:
         """Raise unless this cache was made for `config` (and `dtype`, when given)."""
-        if config != self.config:
-            diff = {f: (getattr(self.config, f), getattr(config, f)) for f in config.to_dict()
-                    if getattr(self.config, f) != getattr(config, f)}
-            raise ValueError(
-                f"KV cache was made for another model: config fields differ (cache, model): {diff}. "
-                f"Make a new cache for this model with model.new_cache().")
-        if dtype is not None and np.dtype(dtype) != self.dtype:
-            raise ValueError(f"KV cache holds {self.dtype} but the model computes in {np.dtype(dtype)}; "
-                             f"make a new cache with model.new_cache().")
+        check_made_for("KV cache", self.config, self.dtype, config, dtype,
+                       "make a new cache for this model with model.new_cache()")
 
     @property
     def capacity(self) -> int:

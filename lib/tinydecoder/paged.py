@@ -71,6 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import Config
+from .cache import check_made_for, common_length
 
 
 class PoolExhaustedError(RuntimeError):
@@ -317,26 +318,14 @@ class PagedSequence:
 
     # ----------------------------------------------------------- cache interface
     def __len__(self) -> int:
-        first = self.lengths[0]
-        if any(n != first for n in self.lengths):
-            raise ValueError(
-                f"paged sequence {self.seq_id} is inconsistent: per-layer lengths {self.lengths} differ "
-                f"(a forward pass stopped half-way?). Every layer must hold the same positions; "
-                f"truncate(min(lengths)) or release it and prefill again.")
-        return first
+        return common_length(self.lengths, f"paged sequence {self.seq_id}",
+                             "truncate(min(lengths)) or release it and prefill again")
 
     def check(self, config: Config, dtype=None) -> None:
         """Raise unless this sequence's pool was made for `config` (and `dtype`, when given)."""
         self._check_live()
-        if config != self.config:
-            diff = {f: (getattr(self.config, f), getattr(config, f)) for f in config.to_dict()
-                    if getattr(self.config, f) != getattr(config, f)}
-            raise ValueError(
-                f"paged KV pool was made for another model: config fields differ (pool, model): {diff}. "
-                f"Make a pool for this model with PagedKVPool.for_model(model, n_blocks, block_size).")
-        if dtype is not None and np.dtype(dtype) != self.dtype:
-            raise ValueError(f"paged KV pool holds {self.dtype} but the model computes in {np.dtype(dtype)}; "
-                             f"make a pool with PagedKVPool.for_model(model, ...).")
+        check_made_for("paged KV pool", self.config, self.dtype, config, dtype,
+                       "make a pool for this model with PagedKVPool.for_model(model, n_blocks, block_size)")
 
     def append(self, layer: int, k_new, v_new):
         """Write S new rows of `layer` into this sequence's blocks (taking new blocks, or copying a
