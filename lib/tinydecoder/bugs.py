@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .generate import greedy
-from .model import Model, check_context, check_token_ids, forward
+from .model import Model, check_context, check_token_ids, embed_tokens, forward
 from .ops import apply_rope, attention, rmsnorm, swiglu
 
 BUGS = {
@@ -56,9 +56,7 @@ def forward_with(model: Model, token_ids, cache, *, start=None, attend=attention
     check_context(cfg, past, len(ids))
     start = past if start is None else int(start)
     positions = np.arange(start, start + len(ids))  # [S]
-    x = model.embed[ids]  # [S, D]
-    if cfg.position == "table":
-        x = x + model.pos_table[positions]
+    x = embed_tokens(model, ids, positions)  # [S, D]
     Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     for l, w in enumerate(model.layers):
         h = rmsnorm(x, w.attn_norm, cfg.norm_eps)  # [S, D]

@@ -44,9 +44,6 @@ class KVCache:
 
     def __len__(self) -> int:
         """Positions held (the same in every layer; a cache whose layers disagree is broken)."""
-        return self.check_lengths()
-
-    def check_lengths(self) -> int:
         return common_length(self.lengths, "KV cache", "rebuild the cache (e.g. prefill again)")
 
     def check(self, config: Config, dtype=None) -> None:

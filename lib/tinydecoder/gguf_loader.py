@@ -453,15 +453,9 @@ def load_gguf_model(path, *, expected_sha256: str | None = None, rope_layout: st
 
 def to_interleaved(model: Model) -> Model:
     """The same model with llama.cpp's Q/K row order and rope_layout "interleaved" (only Q and
-    K are rearranged, into new arrays; everything else is shared with `model`)."""
-    from dataclasses import replace
+    K are rearranged, into new arrays; everything else is shared with `model`). It is
+    `rope.with_layout(model, "interleaved")`: per head, the column permutation that
+    `permute_qk` applies to the GGUF's rows."""
+    from .rope import with_layout
 
-    cfg = model.config
-    if cfg.rope_layout == "interleaved":
-        return model
-    layers = [replace(layer, wq=np.ascontiguousarray(permute_qk(layer.wq.T, cfg.n_heads).T),
-                      wk=np.ascontiguousarray(permute_qk(layer.wk.T, cfg.n_kv_heads).T), w_qkv=None)
-              for layer in model.layers]
-    return Model(replace(cfg, rope_layout="interleaved"), embed=model.embed, layers=layers,
-                 final_norm=model.final_norm, pos_table=model.pos_table,
-                 lm_head=None if cfg.tied_embeddings else model.lm_head)
+    return with_layout(model, "interleaved")

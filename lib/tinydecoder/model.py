@@ -19,7 +19,7 @@ import numpy as np
 
 from .cache import KVCache
 from .config import Config
-from .ops import apply_rope, attention, rmsnorm, silu, swiglu
+from .ops import apply_rope, attention, rmsnorm, silu
 from .trace import Trace
 
 
@@ -36,9 +36,10 @@ class LayerWeights:
     w_down: np.ndarray  # [F, D]
     attn_norm: np.ndarray | None = None  # [D], when the config has norm_scale
     ffn_norm: np.ndarray | None = None  # [D]
-    # Optional fused storage (a speed-up, same numbers): wq|wk|wv side by side and w_gate|w_up
-    # side by side, the separate weights being column views of them. A decode step then runs
-    # one matmul instead of three (and two), reading the same bytes. See `fuse_projections`.
+    # Fused storage (a speed-up, same numbers): wq|wk|wv side by side and w_gate|w_up side by
+    # side, the separate weights being column views of them, so a decode step runs one matmul
+    # instead of three (and two), reading the same bytes. Left None, Model fills them in
+    # (`fuse_projections`); the GGUF loader stores the weights fused to begin with.
     w_qkv: np.ndarray | None = None  # [D, Hq*d + 2*Hkv*d]
     w_gate_up: np.ndarray | None = None  # [D, 2F]
 
@@ -47,9 +48,10 @@ FUSED = {"w_qkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 
 
 def fuse_projections(layer: LayerWeights) -> LayerWeights:
-    """The same layer with w_qkv and w_gate_up filled and the separate weights made views of them."""
-    w_qkv = np.concatenate([layer.wq, layer.wk, layer.wv], axis=1)
-    w_gate_up = np.concatenate([layer.w_gate, layer.w_up], axis=1)
+    """The same layer with w_qkv and w_gate_up filled (each one that is None is built by copying
+    its parts side by side) and the separate weights made views of them."""
+    w_qkv = layer.w_qkv if layer.w_qkv is not None else np.concatenate([layer.wq, layer.wk, layer.wv], axis=1)
+    w_gate_up = layer.w_gate_up if layer.w_gate_up is not None else np.concatenate([layer.w_gate, layer.w_up], axis=1)
     a, b = layer.wq.shape[1], layer.wq.shape[1] + layer.wk.shape[1]
     F = layer.w_gate.shape[1]
     return LayerWeights(wq=w_qkv[:, :a], wk=w_qkv[:, a:b], wv=w_qkv[:, b:], wo=layer.wo,
@@ -107,11 +109,14 @@ class Model:
                 shapes.update(attn_norm=(D,), ffn_norm=(D,))
             for name, shape in shapes.items():
                 expect[f"layers[{i}].{name}"] = (getattr(layer, name), shape)
-            _check_fused(i, layer)
         for name, (array, shape) in expect.items():
             if array is None or tuple(array.shape) != shape:
                 got = None if array is None else tuple(array.shape)
                 raise ValueError(f"weight {name} has shape {got}, but the config needs {shape}")
+        self.layers = [fuse_projections(layer) if layer.w_qkv is None or layer.w_gate_up is None
+                       else layer for layer in self.layers]  # side-by-side storage (a copy, once)
+        for i, layer in enumerate(self.layers):
+            _check_fused(i, layer)
 
     @property
     def dtype(self):
@@ -240,11 +245,12 @@ def decoder_block(cfg, layer, l, x, positions, bounds, caches, keep=None, trace=
     Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)  # [N, D]
     hq = h if keep is None else h[keep]
-    if layer.w_qkv is not None and keep is None:  # fused: one matmul, the same numbers
+    if keep is None:  # one matmul for Q, K and V: their weights sit side by side in w_qkv
         qkv = h @ layer.w_qkv  # [N, (Hq + 2*Hkv) * d]
-        q, k, v = qkv[:, :Hq * d], qkv[:, Hq * d:(Hq + Hkv) * d], qkv[:, (Hq + Hkv) * d:]
-    else:
-        q, k, v = hq @ layer.wq, h @ layer.wk, h @ layer.wv
+        q, kv = qkv[:, :Hq * d], qkv[:, Hq * d:]
+    else:  # queries of the kept rows only; keys and values of every row (they are cached)
+        q, kv = hq @ layer.wq, h @ layer.w_qkv[:, Hq * d:]  # [Nq, Hq*d], [N, 2*Hkv*d]
+    k, v = kv[:, :Hkv * d], kv[:, Hkv * d:]
     q = q.reshape(-1, Hq, d)  # [Nq, Hq, d]
     k = k.reshape(-1, Hkv, d)  # [N, Hkv, d]
     v = v.reshape(-1, Hkv, d)  # [N, Hkv, d]
@@ -267,12 +273,9 @@ def decoder_block(cfg, layer, l, x, positions, bounds, caches, keep=None, trace=
     resid = x if keep is None else x[keep]
     x = resid + out @ layer.wo  # [Nq, D]
     z = rmsnorm(x, layer.ffn_norm, cfg.norm_eps)
-    if layer.w_gate_up is not None:  # fused: one matmul for gate and up
-        gate_up = z @ layer.w_gate_up  # [Nq, 2F]
-        hidden = silu(gate_up[:, :cfg.d_ff])  # [Nq, F]
-        hidden *= gate_up[:, cfg.d_ff:]
-    else:
-        hidden = swiglu(z, layer.w_gate, layer.w_up)  # [Nq, F]
+    gate_up = z @ layer.w_gate_up  # [Nq, 2F]: gate and up in one matmul
+    hidden = silu(gate_up[:, :cfg.d_ff])  # [Nq, F]: SwiGLU, silu(z Wgate) * (z Wup)
+    hidden *= gate_up[:, cfg.d_ff:]
     y = x + hidden @ layer.w_down  # [Nq, D]
     if trace is not None:
         _trace_out(trace, l, layer, out, z, hidden)

@@ -48,7 +48,9 @@ def causal_mask(n_queries, n_keys, dtype=np.float32):
     step (S = 1) it is one row of zeros; in a chunk it is a rectangle with a triangle cut."""
     past = n_keys - n_queries
     future = np.arange(n_keys)[None, :] > (past + np.arange(n_queries))[:, None]
-    return np.where(future, -np.inf, 0.0).astype(dtype)
+    mask = np.zeros(future.shape, dtype)
+    mask[future] = -np.inf
+    return mask
 
 
 ATTENTION_BLOCK = 64  # a long prefill runs its queries in blocks of this many (see attention)

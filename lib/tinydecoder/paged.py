@@ -598,7 +598,7 @@ def request_trace(n_requests: int = 16, *, seed: int = 0, prompt_range=(2, 24), 
     if not mean_gap >= 0:
         raise ValueError(f"mean_gap must be >= 0, got {mean_gap!r}")
     rng = np.random.default_rng(seed)
-    arrivals = np.floor(np.cumsum(rng.exponential(mean_gap, n_requests)) - 0.0).astype(int)
+    arrivals = np.floor(np.cumsum(rng.exponential(mean_gap, n_requests))).astype(int)
     arrivals -= arrivals[0]
     prompts = rng.integers(lo, hi + 1, n_requests)
     outputs = rng.integers(1, max_new_tokens + 1, n_requests)

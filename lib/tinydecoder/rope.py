@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 
 from .config import ROPE_LAYOUTS
-from .model import Model, check_token_ids, decoder_block, forward
+from .model import Model, check_token_ids, decoder_block, embed_tokens, forward
 from .ops import apply_rope, rmsnorm, rope_angles
 
 
@@ -68,9 +68,9 @@ def with_layout(model: Model, layout: str) -> Model:
     perm = layout_permutation(cfg.head_dim)
     if layout == "halves":  # going back: the inverse permutation
         perm = np.argsort(perm)
-    unfuse = {"w_qkv": None} if getattr(model.layers[0], "w_qkv", None) is not None else {}  # Q, K are new arrays
+    # Q and K become new arrays: w_qkv=None makes Model fuse them again (with the shared V)
     layers = [dataclasses.replace(w, wq=permute_head_columns(w.wq, cfg.n_heads, cfg.head_dim, perm),
-                                  wk=permute_head_columns(w.wk, cfg.n_kv_heads, cfg.head_dim, perm), **unfuse)
+                                  wk=permute_head_columns(w.wk, cfg.n_kv_heads, cfg.head_dim, perm), w_qkv=None)
               for w in model.layers]
     return Model(dataclasses.replace(cfg, rope_layout=layout), embed=model.embed, layers=layers,
                  final_norm=model.final_norm, pos_table=model.pos_table,
@@ -186,9 +186,7 @@ def forward_at_positions(model: Model, token_ids, cache, positions) -> np.ndarra
     positions = np.asarray(positions, dtype=np.int64)
     if positions.shape != ids.shape:
         raise ValueError(f"{len(ids)} tokens but {positions.size} positions")
-    x = model.embed[ids]  # [S, D]
-    if cfg.position == "table":
-        x = x + model.pos_table[positions]
+    x = embed_tokens(model, ids, positions)  # [S, D]
     bounds = np.array([0, len(ids)])
     for l, layer in enumerate(model.layers):
         x = decoder_block(cfg, layer, l, x, positions, bounds, [cache])

@@ -25,6 +25,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from .ops import softmax
+
 
 def check_sampling_params(temperature=None, top_k=None, top_p=None) -> None:
     """Raise ValueError/TypeError naming the bad parameter and what is allowed."""
@@ -117,9 +119,7 @@ def top_k_filter(logits, k):
 
 def probabilities(logits) -> np.ndarray:
     """softmax in float64: -inf logits get probability exactly 0.  [V] -> [V]"""
-    logits = np.asarray(logits, dtype=np.float64)
-    e = np.exp(logits - np.max(logits))
-    return e / e.sum()
+    return softmax(np.asarray(logits, dtype=np.float64))
 
 
 def top_p_filter(logits, p):

@@ -178,10 +178,6 @@ class RequestResult:
         """Steps from arrival through the step that chose its last token."""
         return self.finish_step - self.request.arrival + 1
 
-    @property
-    def queue_steps(self) -> int:
-        return self.admitted - self.request.arrival
-
 
 @dataclass
 class Schedule:
@@ -226,9 +222,6 @@ class Schedule:
 
 # codes of timeline_codes(): what each request does in each step
 NOT_ARRIVED, WAITING, STALLED, PREFILLING, DECODING, DONE = 0, 1, 2, 3, 4, 5
-TIMELINE_LABELS = {NOT_ARRIVED: "not arrived", WAITING: "waiting (not admitted)",
-                   STALLED: "admitted, no chunk this step", PREFILLING: "prefill", DECODING: "decode",
-                   DONE: "finished"}
 
 
 def timeline_codes(schedule: Schedule) -> np.ndarray:

