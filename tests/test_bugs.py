@@ -46,7 +46,7 @@ def test_attention_variants():
 def test_the_correct_loop_passes(toy, gqa_model):
     for model in (toy, gqa_model):
         result = bugs.diagnose(model, [0, 1, 2, 3], 4, "none")
-        assert not result["caught"] and result["max_diff"] < 1e-12
+        assert not result["caught"] and result["max_diff"] < 1e-12 and result["caught_by"] == []
         assert result["tokens"] == td.generate(model, [0, 1, 2, 3], 4).new_tokens
     assert bugs.diagnose(toy, td.SEED_PROMPT, 4, "none")["tokens"] == td.SEED_CONTINUATION
 
@@ -71,11 +71,13 @@ def test_truncated_layer_cache_raises_the_library_error(toy):
     result = bugs.diagnose(toy, td.SEED_PROMPT, 4, "truncated_layer_cache")
     assert result["caught"] and result["tokens"] == [3]
     assert "per-layer lengths [4, 3] differ" in result["error"]
+    assert result["caught_by"] == ["error"]
 
 
 def test_whole_sequence_every_step_grows_the_cache_too_fast(toy):
     result = bugs.diagnose(toy, td.SEED_PROMPT, 3, "whole_sequence_every_step")
     assert result["cache_lengths"] == [4, 9, 15] and result["expected_lengths"] == [4, 5, 6]
+    assert result["caught_by"] == ["logits", "cache length"]
 
 
 def test_last_prompt_token_bug_hides_while_the_chosen_token_equals_it(toy):

@@ -133,15 +133,19 @@ def check_run(model: Model, run: BugRun) -> list:
 
 
 def diagnose(model: Model, prompt, max_new_tokens: int, bug: str, tol: float = 1e-9) -> dict:
-    """Run one bug and the check: max difference, cache lengths, error, and whether caught.
+    """Run one bug and the check: max difference, cache lengths, error, and which checks caught it
+    ("error", "logits", "cache length"; empty when none did).
 
     A run counts as caught when it raised, when some round's logits differ from the full
     recompute by more than `tol`, or when its cache length is not the context length."""
     run = run_with_bug(model, prompt, max_new_tokens, bug)
     diffs = check_run(model, run)
     expected = [len(ctx) for ctx in run.contexts]
-    caught = (run.error is not None or any(x > tol for x in diffs)
-              or run.cache_lengths != expected)
+    if run.error is not None:
+        caught_by = ["error"]
+    else:
+        caught_by = (["logits"] if any(x > tol for x in diffs) else []) + \
+                    (["cache length"] if run.cache_lengths != expected else [])
     return {"bug": bug, "tokens": run.new_tokens, "max_diff": max(diffs) if diffs else None,
             "diffs": diffs, "cache_lengths": run.cache_lengths, "expected_lengths": expected,
-            "error": run.error, "caught": caught}
+            "error": run.error, "caught_by": caught_by, "caught": bool(caught_by)}
