@@ -84,15 +84,7 @@ def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_g
 def fork(cache, extra: int = 1):
     """A copy of `cache` with room for `extra` more positions, so that the next append does not
     have to grow (copy) it again; a cache that is not a KVCache is copied with its .copy()."""
-    if not isinstance(cache, KVCache):
-        return cache.copy()
-    n = len(cache)
-    new = KVCache(cache.config, cache.dtype, capacity=n + extra)
-    for layer in range(cache.config.n_layers):
-        new.k[layer][:n] = cache.k[layer][:n]
-        new.v[layer][:n] = cache.v[layer][:n]
-    new.lengths = list(cache.lengths)
-    return new
+    return cache.copy(extra) if isinstance(cache, KVCache) else cache.copy()
 
 
 def traced(model: Model, batch, caches, last_only=True) -> Trace:
