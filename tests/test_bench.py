@@ -5,10 +5,22 @@ import numpy as np
 import pytest
 
 from tinydecoder import SEED_PROMPT, Trace, forward, forward_batch, toy_model
-from tinydecoder.bench import (attainable_gflops, batch_decode_speed, decode_speed, layer_intensities,
-                               load_bench_model, median_seconds, op_cost, predicted_seconds, prefill_speed,
-                               ridge_point, run_bench, toy_bench_model, traced)
+from tinydecoder.cli import load_bench_model
 from tinydecoder.cli import main as cli_main
+from tinydecoder.serving.bench import (
+    attainable_gflops,
+    batch_decode_speed,
+    decode_speed,
+    layer_intensities,
+    median_seconds,
+    op_cost,
+    predicted_seconds,
+    prefill_speed,
+    ridge_point,
+    run_bench,
+    toy_bench_model,
+    traced,
+)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +169,7 @@ def test_run_bench_small():
 def test_roofline_view_and_widget(toy):
     import matplotlib.pyplot as plt
 
-    from tinydecoder.bench import decode_intensities_by_batch, roofline_view
+    from tinydecoder.serving.bench import decode_intensities_by_batch, roofline_view
     from tinydecoder.widgets import roofline_figure, roofline_widget
 
     cache = toy.new_cache()
@@ -181,21 +193,21 @@ def test_roofline_view_and_widget(toy):
     plt.close("all")
 
 
-def test_fork_copies_with_room_and_leaves_the_original(toy):
-    from tinydecoder.bench import fork
+def test_cache_copy_has_room_and_leaves_the_original(toy):
+    from tinydecoder.serving.bench import cache_copy
 
     cache = toy.new_cache()
     forward(toy, SEED_PROMPT, cache)
-    copy = fork(cache, extra=3)
+    copy = cache_copy(cache, extra=3)
     assert copy.capacity == 7 and len(copy) == 4
     np.testing.assert_array_equal(copy.k[1][:4], cache.k[1][:4])
     forward(toy, [1, 2, 3], copy)
     assert copy.capacity == 7 and len(copy) == 7 and len(cache) == 4
-    np.testing.assert_array_equal(forward(toy, [0], fork(cache)), forward(toy, [0], cache.copy()))
+    np.testing.assert_array_equal(forward(toy, [0], cache_copy(cache)), forward(toy, [0], cache.copy()))
 
 
 def test_run_times_best_and_median():
-    from tinydecoder.bench import best_seconds, run_times
+    from tinydecoder.serving.bench import best_seconds, run_times
 
     calls = []
     times = run_times(lambda: calls.append(1), repeat=4, warmup=1, after=lambda: calls.append(0))

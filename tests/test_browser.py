@@ -37,8 +37,7 @@ import pytest
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # also under --import-mode=importlib
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from labdriver import (ANNOUNCEMENTS, CHROMIUM, WIDGET_MANAGER, LabPage, LabServer,
-                       NotebookCheckFailure, launch_chromium)
+from labdriver import ANNOUNCEMENTS, CHROMIUM, WIDGET_MANAGER, LabPage, LabServer, NotebookCheckFailure, launch_chromium
 
 pytestmark = pytest.mark.browser
 

@@ -1,9 +1,9 @@
-"""The bug clinic (tinydecoder.bugs): every deliberately broken loop is caught by its check."""
+"""The bug clinic (tinydecoder.lessons.bugs): every deliberately broken loop is caught by its check."""
 import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder import bugs
+from tinydecoder.lessons import bugs
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinydecoder import toy_config
-from tinydecoder.capacity import (GIB, KIB, KNOWN_CONFIGS, KVSpec, bytes_per_element, bytes_per_request,
-                                  bytes_per_token, capacity_for, capacity_table, format_bytes, kv_spec,
-                                  requests_that_fit)
-from tinydecoder.config import Config
+from tinydecoder.core.config import Config
+from tinydecoder.serving.capacity import (
+    GIB,
+    KIB,
+    KNOWN_CONFIGS,
+    KVSpec,
+    bytes_per_element,
+    bytes_per_request,
+    bytes_per_token,
+    capacity_for,
+    capacity_table,
+    format_bytes,
+    kv_spec,
+    requests_that_fit,
+)
 
 
 def test_llama2_7b_is_512_kib_per_token():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinydecoder as td
-from tinydecoder.chunked import chunk_masks, chunk_spans, one_shot_mask_from_chunks, prefill_chunked
+from tinydecoder.serving.chunked import chunk_masks, chunk_spans, one_shot_mask_from_chunks, prefill_chunked
 
 TOY = td.toy_model()  # float64
 ROPE_CFG = td.Config(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, n_layers=2, d_ff=48,
@@ -122,7 +122,7 @@ def test_bad_prompt_and_context_errors():
 @given(st.lists(st.integers(0, 49), min_size=2, max_size=50), st.sampled_from([1, 3, 16]), st.integers(1, 20))
 def test_chunked_into_a_paged_sequence_after_a_prefix_hit(prompt, block_size, chunk_size):
     """Chunked prefill works on any cache: here a paged sequence that starts with reused blocks."""
-    from tinydecoder.paged import PagedKVPool
+    from tinydecoder.serving.paged import PagedKVPool
 
     model = td.random_model(ROPE_CFG, seed=5, dtype=np.float64)
     pool = PagedKVPool.for_model(model, n_blocks=2 * (len(prompt) // block_size + 2), block_size=block_size)

@@ -342,8 +342,11 @@ def test_invalid_config(overrides, message):
 def test_weights_of_wrong_shape_are_named():
     model = td.random_model(small_config(), seed=0)
     layers = list(model.layers)
-    layers[1] = td.LayerWeights(**{**vars(layers[1]), "wk": layers[1].wk[:, :4]})
-    with pytest.raises(ValueError, match=r"layers\[1\]\.wk has shape \(24, 4\).*needs \(24, 8\)"):
+    w = layers[1]
+    layers[1] = td.LayerWeights.from_parts(w.wq, w.wk[:, :4], w.wv[:, :4], w.wo, w.w_gate, w.w_up, w.w_down,
+                                           w.attn_norm, w.ffn_norm)  # K and V heads 4 columns short
+    q_width = model.config.q_width
+    with pytest.raises(ValueError, match=rf"layers\[1\]\.w_qkv has shape \(24, {q_width + 8}\).*needs \(24, {q_width + 16}\)"):
         td.Model(model.config, embed=model.embed, layers=layers, final_norm=model.final_norm)
 
 

@@ -1,7 +1,7 @@
 """The exercise checker: prints a hint for a placeholder, says correct or not, never raises."""
 import numpy as np
 
-from tinydecoder.exercises import check, matches
+from tinydecoder.lessons.exercises import check, matches
 
 
 def test_placeholder_prints_hint(capsys):

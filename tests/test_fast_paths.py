@@ -1,14 +1,12 @@
-"""The speed-ups inside forward change no result: block-by-block attention for long prefills,
-fused QKV / gate-up weights, the in-place softmax."""
+"""The speed-ups inside the ops change no result: block-by-block attention for long prefills,
+the in-place softmax. (The fast forward path against the reference: test_core_fast.py.)"""
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinydecoder as td
-from tinydecoder import ops
-from tinydecoder.model import fuse_projections
-from tinydecoder.toy import random_model
+from tinydecoder.core import ops
+from tinydecoder.core.toy import random_model
 
 CFG = td.Config(vocab_size=50, d_model=24, n_heads=6, n_kv_heads=2, head_dim=8, n_layers=2, d_ff=40,
                 max_context=512, position="rope", rope_base=10000.0, norm_eps=1e-5, tied_embeddings=True)
@@ -59,27 +57,3 @@ def test_softmax_leaves_its_input_alone():
     assert w.dtype == np.float32 and w[0, 2] == 0.0
     np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(w[0, :2], np.exp([1.0, 2.0]) / np.exp([1.0, 2.0]).sum(), rtol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_fused_weights_give_the_same_logits(dtype):
-    plain = random_model(CFG, seed=2, dtype=dtype)
-    fused = td.Model(CFG, plain.embed, [fuse_projections(l) for l in plain.layers], final_norm=plain.final_norm)
-    assert fused.layers[0].w_qkv.shape == (24, 6 * 8 + 2 * 2 * 8) and fused.layers[0].w_gate_up.shape == (24, 80)
-    assert np.shares_memory(fused.layers[0].wk, fused.layers[0].w_qkv)
-    assert fused.n_params == plain.n_params and fused.nbytes == plain.nbytes
-    tol = 1e-12 if dtype == np.float64 else 1e-5
-    ids = [3, 14, 15, 9, 26]
-    a, b = plain.new_cache(), fused.new_cache()
-    np.testing.assert_allclose(td.forward(fused, ids, b), td.forward(plain, ids, a), rtol=0, atol=tol)
-    np.testing.assert_allclose(td.forward(fused, [7], b, last_only=True), td.forward(plain, [7], a, last_only=True),
-                               rtol=0, atol=tol)
-    assert td.generate(fused, ids, 6).tokens == td.generate(plain, ids, 6).tokens
-
-
-def test_a_fused_array_must_hold_its_parts():
-    plain = random_model(CFG, seed=2)
-    layer = fuse_projections(plain.layers[0])
-    layer.wq = np.array(layer.wq)  # a copy, no longer a view of w_qkv: the two could disagree
-    with pytest.raises(ValueError, match=r"layers\[0\].wq must be a view of layers\[0\].w_qkv"):
-        td.Model(CFG, plain.embed, [layer, plain.layers[1]], final_norm=plain.final_norm)

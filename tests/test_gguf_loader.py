@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinydecoder as td
-from tinydecoder import gguf_loader as gl
-from tinydecoder.toy import random_model
-from tinydecoder.tokenizer import Tokenizer, byte_decoder
+from tinydecoder.checkpoint import gguf_loader as gl
+from tinydecoder.checkpoint.tokenizer import Tokenizer, byte_decoder
+from tinydecoder.core.toy import random_model
 
 CFG = td.Config(vocab_size=262, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, n_layers=2, d_ff=96,
                 max_context=128, position="rope", rope_base=10000.0, rope_layout="halves", norm_eps=1e-5,
@@ -174,8 +174,8 @@ def test_quantised_weights_are_dequantised_like_gguf_does(tmp_path, reference, q
     # quantisation blocks run along `in`, so llama.cpp's row permutation commutes with it: the
     # loaded model is the reference with every matrix rounded through the format
     rounded = lambda w_in_out: dequantize(quantize(np.ascontiguousarray(w_in_out.T), qtype), qtype).T
-    expected = td.Model(CFG, rounded(reference.embed.T).T, [td.LayerWeights(
-        **{name: rounded(getattr(l, name)) for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")},
+    expected = td.Model(CFG, rounded(reference.embed.T).T, [td.LayerWeights.from_parts(
+        *[rounded(getattr(l, name)) for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")],
         attn_norm=l.attn_norm, ffn_norm=l.ffn_norm) for l in reference.layers], final_norm=reference.final_norm)
     np.testing.assert_allclose(td.forward(model, IDS), td.forward(expected, IDS), rtol=0, atol=2e-5)
 
@@ -192,7 +192,7 @@ def test_fused_storage_gives_views_and_the_same_logits(tiny_file, tmp_path):
     model = load(tiny_file, tmp_path)
     layer = model.layers[0]
     assert np.shares_memory(layer.wq, layer.w_qkv) and np.shares_memory(layer.w_up, layer.w_gate_up)
-    unfused = td.Model(model.config, model.embed, [td.LayerWeights(
+    unfused = td.Model(model.config, model.embed, [td.LayerWeights.from_parts(
         wq=np.array(l.wq), wk=np.array(l.wk), wv=np.array(l.wv), wo=l.wo, w_gate=np.array(l.w_gate),
         w_up=np.array(l.w_up), w_down=l.w_down, attn_norm=l.attn_norm, ffn_norm=l.ffn_norm)
         for l in model.layers], final_norm=model.final_norm)
@@ -244,7 +244,7 @@ def test_damaged_cache_gets_a_clear_error(tiny_file, tmp_path):
 
 
 def test_tokenizer_comes_with_the_cache(tiny_file, tmp_path):
-    from tinydecoder.tokenizer import load_gguf_tokenizer
+    from tinydecoder.checkpoint.tokenizer import load_gguf_tokenizer
 
     tok = load_gguf_tokenizer(tiny_file, cache_root=tmp_path / "cache", progress=False)
     fresh = load_gguf_tokenizer(tiny_file, use_cache=False)

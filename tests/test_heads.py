@@ -1,10 +1,11 @@
-"""GQA helpers of notebook 04 (tinydecoder.heads)."""
+"""GQA helpers of notebook 04 (tinydecoder.lessons.heads)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tinydecoder as td
-from tinydecoder import heads
+from tinydecoder.lessons import heads
 
 SMOLLM2 = td.Config(vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, n_layers=30,
                     d_ff=1536, max_context=8192, position="rope", rope_base=100000.0, tied_embeddings=True)
@@ -55,7 +56,7 @@ def test_layer_qkv_rope_model_keys_match_the_cache():
     q, k, v = heads.layer_qkv(model, [1, 5, 7], layer=1)
     np.testing.assert_allclose(k, cache.k[1][:3], atol=1e-14)
     np.testing.assert_allclose(v, cache.v[1][:3], atol=1e-14)
-    with pytest.raises(ValueError, match=r"layer must be in 0\.\.1"):
+    with pytest.raises(ValueError, match=r"layers are 0\.\.1"):
         heads.layer_qkv(model, [1], layer=2)
 
 

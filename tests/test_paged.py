@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinydecoder import Config, forward, forward_batch, generate, random_model, toy_model
-from tinydecoder.paged import (PagedKV, PagedKVPool, PoolExhaustedError, block_hash, block_hashes)
+from tinydecoder.serving.paged import PagedKV, PagedKVPool, PoolExhaustedError, block_hash, block_hashes
 
 TOY = toy_model()  # float64, table positions, Hq=2, Hkv=1
 ROPE_CFG = Config(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=2, head_dim=8, n_layers=2, d_ff=24,
@@ -295,7 +295,7 @@ def test_block_table_matrix_and_stats():
 
 
 def test_scheduler_backend_matches_generate():
-    scheduler = pytest.importorskip("tinydecoder.scheduler")
+    scheduler = pytest.importorskip("tinydecoder.serving.scheduler")
     system = [0, 1, 2, 3, 4, 5, 0, 1]
     reqs = [scheduler.Request(system + [2, 3], 4, arrival=0), scheduler.Request(system + [4], 3, arrival=6),
             scheduler.Request([5, 4, 3], 3, arrival=1)]
@@ -308,8 +308,15 @@ def test_scheduler_backend_matches_generate():
 
 
 # ------------------------------------------------------------------ memory on a request trace
-from tinydecoder.paged import (ContiguousArena, TraceRequest, block_size_view, first_fit_replay,  # noqa: E402
-                               paged_replay, request_trace, trace_memory)
+from tinydecoder.serving.paged import (  # noqa: E402
+    ContiguousArena,
+    TraceRequest,
+    block_size_view,
+    first_fit_replay,
+    paged_replay,
+    request_trace,
+    trace_memory,
+)
 
 
 def test_request_trace_is_seeded_and_sane():
@@ -378,6 +385,7 @@ def test_replays_contiguous_vs_paged():
 
 def test_block_size_view_and_figures():
     import matplotlib.pyplot as plt
+
     from tinydecoder import viz, widgets
 
     trace = request_trace(8, seed=1)

@@ -1,10 +1,11 @@
-"""Prefill vs decode and the cached loop, step by step (tinydecoder.phases)."""
+"""Prefill vs decode and the cached loop, step by step (tinydecoder.lessons.phases)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tinydecoder as td
-from tinydecoder import phases
+from tinydecoder.lessons import phases
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +123,7 @@ def test_cached_steps_follow_generate(toy):
     trace = td.Trace()
     td.forward(toy, steps[3].context, trace=trace)
     np.testing.assert_allclose(steps[3].weights[:, 0], trace.attention_weights[(1, 0)][:, -1], atol=1e-13)
-    with pytest.raises(ValueError, match="layer must be in"):
+    with pytest.raises(ValueError, match="layer 2 is out of range"):
         phases.cached_steps(toy, [0], 1, layer=2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         phases.cached_steps(toy, [0], 0)

@@ -7,9 +7,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinydecoder import Config, apply_rope, forward, random_model, rmsnorm, rope_angles
-from tinydecoder.rope import (ROPE_BUGS, RotateAgainCache, cached_decode, decode_differences, forward_at_positions,
-                              layout_permutation, pair_view, permute_head_columns, recompute_logits, rope_pairs,
-                              rope_score, rotate, score_grid, with_layout)
+from tinydecoder.lessons.rope_lab import (
+    ROPE_BUGS,
+    RotateAgainCache,
+    cached_decode,
+    decode_differences,
+    forward_at_positions,
+    layout_permutation,
+    pair_view,
+    permute_head_columns,
+    recompute_logits,
+    rope_pairs,
+    rope_score,
+    rotate,
+    score_grid,
+    with_layout,
+)
 
 LAYOUTS = ("halves", "interleaved")
 
@@ -45,7 +58,8 @@ def test_score_is_not_shift_invariant_without_equal_shifts():
 
 
 @settings(max_examples=100, deadline=None)
-@given(rng=vectors, d=head_dims, layout=st.sampled_from(LAYOUTS), positions=st.lists(st.integers(0, 10**5), min_size=1, max_size=6))
+@given(rng=vectors, d=head_dims, layout=st.sampled_from(LAYOUTS),
+       positions=st.lists(st.integers(0, 10**5), min_size=1, max_size=6))
 def test_rotation_preserves_norms(rng, d, layout, positions):
     x = rng.standard_normal((len(positions), 3, d))  # [S, H, d]
     y = apply_rope(x, np.array(positions), 10000.0, layout)

@@ -7,9 +7,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinydecoder import SEED_CONTINUATION, SEED_PROMPT, generate, greedy, toy_model
-from tinydecoder.sampling import (Sampler, apply_temperature, best_tokens, check_logits, draw, greedy_token, kept_tokens,
-                                  make_sampler, probabilities, rank_tokens, sampling_distribution,
-                                  top_k_filter, top_p_filter)
+from tinydecoder.core.sampling import (
+    Sampler,
+    apply_temperature,
+    best_tokens,
+    check_logits,
+    draw,
+    kept_tokens,
+    make_sampler,
+    probabilities,
+    rank_tokens,
+    sampling_distribution,
+    top_k_filter,
+    top_p_filter,
+)
 
 LOGITS = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -np.inf, 1.0], dtype=np.float32)  # a tie (1 and 6), one -inf
 
@@ -99,7 +110,7 @@ def test_greedy_settings_are_one_hot_on_the_lowest_best_id():
     for kwargs in ({}, {"temperature": 0}, {"temperature": 0.0, "top_k": 3}, {"temperature": 0, "top_p": 0.5}):
         probs = sampling_distribution(tied, **kwargs)
         assert probs.tolist() == [0.0, 1.0, 0.0, 0.0], kwargs
-        assert make_sampler(**kwargs)(tied) == 1 == greedy(tied) == greedy_token(tied)
+        assert make_sampler(**kwargs)(tied) == 1 == greedy(tied)
     assert repr(make_sampler()) == "Sampler(greedy)"
     # temperature None with a filter means T = 1, not greedy
     assert sampling_distribution(tied, top_k=2).tolist() == [0.0, 0.5, 0.0, 0.5]
@@ -292,7 +303,7 @@ def test_sampler_repr_names_its_settings():
 def test_distribution_view_and_widget():
     import matplotlib.pyplot as plt
 
-    from tinydecoder.sampling import distribution_view
+    from tinydecoder.core.sampling import distribution_view
     from tinydecoder.widgets import sampling_figure, sampling_widget
 
     view = distribution_view(LOGITS, temperature=1.0, top_k=2, n_show=4)

@@ -7,9 +7,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinydecoder as td
-from tinydecoder import scheduler as sch
-from tinydecoder.scheduler import (DECODING, DONE, NOT_ARRIVED, PREFILLING, STALLED, WAITING, ContiguousKV,
-                                   Request, run_one_at_a_time, run_schedule, timeline_codes)
+from tinydecoder.serving import scheduler as sch
+from tinydecoder.serving.scheduler import (
+    DECODING,
+    DONE,
+    NOT_ARRIVED,
+    PREFILLING,
+    STALLED,
+    WAITING,
+    ContiguousKV,
+    Request,
+    run_one_at_a_time,
+    run_schedule,
+    timeline_codes,
+)
 
 TOY = td.toy_model()  # float64
 
@@ -227,7 +238,7 @@ def test_bad_requests_are_clear_errors():
 
 
 # ------------------------------------------------------------------ on the paged KV cache
-from tinydecoder.paged import PagedKV  # noqa: E402
+from tinydecoder.serving.paged import PagedKV  # noqa: E402
 
 SYSTEM = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 1, 3]  # a shared "system prompt" of 14 tokens
 

@@ -9,9 +9,18 @@ from hypothesis import strategies as st
 
 import tinydecoder as td
 from tinydecoder import viz, widgets
-from tinydecoder.chunked import chunk_spans
-from tinydecoder.scheduler import (ARRIVAL_PATTERNS, DECODING, PREFILLING, STALLED, WAITING, Request,
-                                   demo_requests, run_one_at_a_time, run_schedule)
+from tinydecoder.serving.chunked import chunk_spans
+from tinydecoder.serving.scheduler import (
+    ARRIVAL_PATTERNS,
+    DECODING,
+    PREFILLING,
+    STALLED,
+    WAITING,
+    Request,
+    demo_requests,
+    run_one_at_a_time,
+    run_schedule,
+)
 
 TOY = td.toy_model()
 PROMPT = [0, 1, 2, 3, 4, 5, 1, 2, 3, 0]

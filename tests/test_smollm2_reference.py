@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.smollm2 import INSTALL_COMMAND, SHA256, smollm2_installed
+from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, SHA256, smollm2_installed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = json.loads((FIXTURES / "smollm2_transformers.json").read_text())
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.smollm2,
 
 @pytest.fixture(scope="module")
 def model():
-    from tinydecoder.smollm2 import load_smollm2
+    from tinydecoder.checkpoint.smollm2 import load_smollm2
 
     return load_smollm2()
 
@@ -51,7 +51,7 @@ def test_the_reference_is_for_this_file_and_complete():
 
 @pytest.mark.parametrize("name", PROMPTS)
 def test_our_tokenizer_gives_the_reference_prompt_ids(name):
-    from tinydecoder.smollm2 import smollm2_tokenizer
+    from tinydecoder.checkpoint.smollm2 import smollm2_tokenizer
 
     tok, prompt = smollm2_tokenizer(), PROMPTS[name]
     if prompt["kind"] == "chat":

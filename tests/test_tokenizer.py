@@ -8,8 +8,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tinydecoder.smollm2 import INSTALL_COMMAND, smollm2_installed
-from tinydecoder.tokenizer import DEFAULT_SYSTEM_PROMPT, chat_template, check_messages
+from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
+from tinydecoder.checkpoint.tokenizer import DEFAULT_SYSTEM_PROMPT, chat_template, check_messages
 
 CASES = json.loads((Path(__file__).parent / "fixtures" / "smollm2_tokenizer_cases.json").read_text())["cases"]
 needs_model = pytest.mark.skipif(not smollm2_installed(),
@@ -19,7 +19,7 @@ FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def tok():
-    from tinydecoder.smollm2 import smollm2_tokenizer
+    from tinydecoder.checkpoint.smollm2 import smollm2_tokenizer
 
     return smollm2_tokenizer()
 
@@ -107,7 +107,7 @@ def test_bytes_without_a_token_are_dropped_like_llama_cpp_does(tok):
     """21 byte values have no token in SmolLM2's vocabulary (control bytes never seen in
     training, bytes that never occur in UTF-8, and the lead bytes of code points U+40000 to
     U+BFFFF); like llama.cpp, the tokenizer drops them."""
-    from tinydecoder.tokenizer import byte_decoder
+    from tinydecoder.checkpoint.tokenizer import byte_decoder
 
     assert {b for c, b in byte_decoder().items() if tok.hf.token_to_id(c) is None} == MISSING_BYTES
     assert {b for b in range(0x80) if tok.encode(chr(b)) == []} == {0x04, 0x06, 0x13, 0x14, 0x16, 0x1D}

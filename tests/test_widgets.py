@@ -145,9 +145,15 @@ def test_layer_steps_end_where_decoder_block_ends(toy, layer):
     steps = widgets.layer_steps(toy, td.SEED_PROMPT, layer)
     assert list(steps)[:-1] == list(widgets.LAYER_STEPS)
     x = widgets.layer_input(toy, td.SEED_PROMPT, layer)
-    block = td.decoder_block(toy.config, toy.layers[layer], layer, x, np.arange(4), np.array([0, 4]),
-                             [toy.new_cache(4)])
-    np.testing.assert_allclose(steps["residual 2"], block, rtol=0, atol=1e-14)
+    cfg, w = toy.config, toy.layers[layer]  # the block again, op by op, independently of decoder_block
+    h = td.rmsnorm(x, w.attn_norm, cfg.norm_eps)
+    q, k, v = (h @ w.wq).reshape(4, 2, 4), (h @ w.wk).reshape(4, 1, 4), (h @ w.wv).reshape(4, 1, 4)
+    y = x + td.attention(q, k, v) @ w.wo
+    z = td.rmsnorm(y, w.ffn_norm, cfg.norm_eps)
+    out = y + (td.silu(z @ w.w_gate) * (z @ w.w_up)) @ w.w_down
+    np.testing.assert_allclose(steps["residual 2"], out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(steps["q_proj"], h @ w.wq, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(steps["ffn_gate"], z @ w.w_gate, rtol=0, atol=1e-12)
     np.testing.assert_allclose(steps["residual 1"], steps["input x"] + steps["o_proj"])
 
 

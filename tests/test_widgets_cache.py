@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder import phases, widgets
+from tinydecoder import widgets
+from tinydecoder.lessons import phases
 
 SMOLLM2 = td.Config(vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, n_layers=30,
                     d_ff=1536, max_context=8192, position="rope", rope_base=100000.0, tied_embeddings=True,

@@ -1,17 +1,26 @@
-"""tinydecoder: a small numpy decoder for learning how an LLM executes a request."""
-from .cache import KVCache
-from .config import Config
-from .generate import Event, Generation, generate, greedy, work_counts
-from .model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, forward_batch, layer_input
-from .paged import PagedKVPool, PagedSequence, PoolExhaustedError
-from .ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
-from .toy import SEED_CONTINUATION, SEED_PROMPT, random_model, toy_config, toy_model
-from .trace import Trace
+"""tinydecoder: a small numpy decoder for learning how an LLM executes a request.
+
+Sub-packages, each importing only from those before it:
+    core        the decoder itself: config, ops, the reference model, its fast path, caches, generation
+    checkpoint  a real model from its GGUF file: config, weights, tokenizer, SmolLM2
+    serving     many requests: KV capacity, the paged cache, chunked prefill, scheduling, benchmarks
+    lessons     helpers only the notebooks need (heads, phases, bugs, exercises, the RoPE lab)
+    viz, widgets  figures and interactive widgets for the notebooks
+"""
+from .core.cache import KVCache
+from .core.config import Config
+from .core.fast import forward_batch, forward_fast
+from .core.generate import Event, Generation, generate, work_counts
+from .core.model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, layer_input
+from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
+from .core.sampling import greedy
+from .core.toy import SEED_CONTINUATION, SEED_PROMPT, random_model, toy_config, toy_model
+from .core.trace import Trace
 
 __all__ = [
     "Config", "KVCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
-    "forward", "forward_batch", "decoder_block", "embed_tokens", "layer_input", "generate", "greedy", "work_counts", "check_token_ids",
+    "forward", "forward_fast", "forward_batch", "decoder_block", "embed_tokens", "layer_input",
+    "generate", "greedy", "work_counts", "check_token_ids",
     "rmsnorm", "softmax", "silu", "swiglu", "attention", "causal_mask", "repeat_kv", "apply_rope",
     "rope_angles", "toy_model", "toy_config", "random_model", "SEED_PROMPT", "SEED_CONTINUATION",
-    "PagedKVPool", "PagedSequence", "PoolExhaustedError",
 ]

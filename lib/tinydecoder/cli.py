@@ -19,8 +19,8 @@ def _positive_int(text: str) -> int:
 
 
 def cmd_seed(args) -> int:
-    from .generate import generate
-    from .toy import SEED_PROMPT, toy_model
+    from .core.generate import generate
+    from .core.toy import SEED_PROMPT, toy_model
 
     model = toy_model()  # float64: the seed's reference numbers to ~1e-15
     full = generate(model, SEED_PROMPT, args.new_tokens, use_cache=False)
@@ -41,8 +41,21 @@ def cmd_seed(args) -> int:
     return 0
 
 
+def load_bench_model(name: str):
+    """The model `bench --model NAME` measures: "toy" (seed shapes, float32) or "smollm2"."""
+    from .serving.bench import toy_bench_model
+
+    if name == "toy":
+        return toy_bench_model()
+    if name == "smollm2":
+        from .checkpoint.smollm2 import load_smollm2
+
+        return load_smollm2()
+    raise ValueError(f"unknown model {name!r}; choose 'toy' or 'smollm2'")
+
+
 def cmd_bench(args) -> int:
-    from .bench import format_report, load_bench_model, run_bench
+    from .serving.bench import format_report, run_bench
 
     result = run_bench(load_bench_model(args.model), repeat=args.repeat)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
@@ -65,7 +78,7 @@ def _int_arg(text: str) -> int:
 
 def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (SmolLM2 text, or toy-model token ids)."""
-    from .smollm2 import TextGeneration, generate_text, timed_generate
+    from .checkpoint.smollm2 import TextGeneration, generate_text, timed_generate
 
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     stream = not args.json
@@ -74,7 +87,7 @@ def cmd_generate(args) -> int:
         print(text, end="", flush=True)
 
     if args.model == "toy":
-        from .toy import toy_model
+        from .core.toy import toy_model
 
         if args.chat:
             raise ValueError("--chat needs a model with a chat template: use --model smollm2")
@@ -85,7 +98,7 @@ def cmd_generate(args) -> int:
                              f"got {args.prompt!r}") from None
         sampler = None
         if any(v is not None for v in sampling.values()):
-            from .sampling import make_sampler
+            from .core.sampling import make_sampler
 
             sampler = make_sampler(**sampling)
         model = toy_model()  # float64, as in the seed

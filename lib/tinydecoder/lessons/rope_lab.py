@@ -6,75 +6,12 @@ pos * base^(-2i/d). This module adds the pieces that explain it; the model never
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from .config import ROPE_LAYOUTS
-from .model import Model, check_token_ids, decoder_block, embed_tokens, forward
-from .ops import apply_rope, rmsnorm, rope_angles
-
-
-def _check_layout(layout):
-    if layout not in ROPE_LAYOUTS:
-        raise ValueError(f"RoPE layout must be one of {ROPE_LAYOUTS}, got {layout!r}")
-
-
-def _check_head_dim(head_dim):
-    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)) or head_dim < 2 or head_dim % 2:
-        raise ValueError(f"RoPE rotates pairs: head_dim must be an even integer >= 2, got {head_dim!r}")
-
-
-def rope_pairs(head_dim: int, layout: str = "halves") -> np.ndarray:
-    """The coordinates rotated together: row i = (a, b) is pair i, turned by angle theta_i * pos.
-    "halves": (i, i + d/2); "interleaved": (2i, 2i + 1).  -> [d/2, 2] int."""
-    _check_head_dim(head_dim)
-    _check_layout(layout)
-    i = np.arange(head_dim // 2)
-    if layout == "halves":
-        return np.stack([i, i + head_dim // 2], axis=1)
-    return np.stack([2 * i, 2 * i + 1], axis=1)
-
-
-def layout_permutation(head_dim: int) -> np.ndarray:
-    """perm [d] with x_interleaved = x_halves[..., perm]: [0, d/2, 1, d/2 + 1, ...].
-
-    It puts each "halves" pair (i, i + d/2) next to each other at (2i, 2i + 1); this is the
-    row permutation llama.cpp's GGUF converter applies to Q and K."""
-    return rope_pairs(head_dim, "halves").reshape(-1)
-
-
-def permute_head_columns(w, n_heads: int, head_dim: int, perm) -> np.ndarray:
-    """Reorder the output columns of a projection w [in, H*d] inside every head by `perm` [d]."""
-    w = np.asarray(w)
-    if w.shape[-1] != n_heads * head_dim:
-        raise ValueError(f"projection has {w.shape[-1]} output columns, expected n_heads * head_dim = "
-                         f"{n_heads} * {head_dim}")
-    return w.reshape(*w.shape[:-1], n_heads, head_dim)[..., perm].reshape(w.shape)
-
-
-def with_layout(model: Model, layout: str) -> Model:
-    """The same network for the other RoPE layout: Q and K columns permuted per head, the config's
-    rope_layout changed. Its logits equal the original's; V, O and everything else are shared.
-
-    A checkpoint picks its layout through this permutation: weights trained (or converted) for
-    one layout compute garbage if run with the other."""
-    cfg = model.config
-    if cfg.position != "rope":
-        raise ValueError(f"model {cfg.name!r} uses position={cfg.position!r}; only RoPE models have a layout")
-    _check_layout(layout)
-    if layout == cfg.rope_layout:
-        return model
-    perm = layout_permutation(cfg.head_dim)
-    if layout == "halves":  # going back: the inverse permutation
-        perm = np.argsort(perm)
-    # Q and K become new arrays: w_qkv=None makes Model fuse them again (with the shared V)
-    layers = [dataclasses.replace(w, wq=permute_head_columns(w.wq, cfg.n_heads, cfg.head_dim, perm),
-                                  wk=permute_head_columns(w.wk, cfg.n_kv_heads, cfg.head_dim, perm), w_qkv=None)
-              for w in model.layers]
-    return Model(dataclasses.replace(cfg, rope_layout=layout), embed=model.embed, layers=layers,
-                 final_norm=model.final_norm, pos_table=model.pos_table,
-                 lm_head=None if cfg.tied_embeddings else model.lm_head)
+from ..core.cache import LayerKV
+from ..core.model import Model, check_token_ids, decoder_block, embed_tokens, forward
+from ..core.ops import apply_rope, rmsnorm, rope_angles
+from ..core.rope import layout_permutation, permute_head_columns, rope_pairs, with_layout  # noqa: F401
 
 
 def rotate(vector, position, base=10000.0, layout="halves") -> np.ndarray:
@@ -187,9 +124,8 @@ def forward_at_positions(model: Model, token_ids, cache, positions) -> np.ndarra
     if positions.shape != ids.shape:
         raise ValueError(f"{len(ids)} tokens but {positions.size} positions")
     x = embed_tokens(model, ids, positions)  # [S, D]
-    bounds = np.array([0, len(ids)])
     for l, layer in enumerate(model.layers):
-        x = decoder_block(cfg, layer, l, x, positions, bounds, [cache])
+        x = decoder_block(layer, x, positions, LayerKV(cache, l, cfg))
     return rmsnorm(x, model.final_norm, cfg.norm_eps) @ model.lm_head  # [S, V]
 
 

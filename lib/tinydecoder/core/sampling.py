@@ -89,9 +89,9 @@ def best_tokens(logits, m: int) -> np.ndarray:
     return ids[np.argsort(-logits[ids], kind="stable")][:m]
 
 
-def greedy_token(logits) -> int:
-    """The best token, the lowest id among ties (the same as `tinydecoder.greedy`)."""
-    return int(np.argmax(check_logits(logits)))  # argmax returns the first maximum
+def greedy(logits) -> int:
+    """The best token: the highest logit, the lowest id among ties."""
+    return int(np.argmax(logits))  # argmax returns the first maximum
 
 
 def apply_temperature(logits, temperature):
@@ -215,7 +215,7 @@ class Sampler:
 
     def __call__(self, logits) -> int:
         if self.greedy:
-            return greedy_token(logits)
+            return greedy(check_logits(logits))
         return draw(self.distribution(logits), self.rng)
 
     def __repr__(self) -> str:

@@ -35,7 +35,7 @@ def toy_model(seed: int = 7, dtype=np.float64) -> Model:
     cfg = toy_config()
     embed = draw(cfg.vocab_size, cfg.d_model)
     pos_table = draw(cfg.max_context, cfg.d_model)
-    layers = [LayerWeights(wq=draw(8, 8), wk=draw(8, 4), wv=draw(8, 4), wo=draw(8, 8),  # drawn in this order
+    layers = [LayerWeights.from_parts(wq=draw(8, 8), wk=draw(8, 4), wv=draw(8, 4), wo=draw(8, 8),  # drawn in this order
                            w_gate=draw(8, 16), w_up=draw(8, 16), w_down=draw(16, 8))
               for _ in range(cfg.n_layers)]
     lm_head = draw(cfg.d_model, cfg.vocab_size)
@@ -57,7 +57,7 @@ def random_model(config: Config, seed: int = 0, dtype=np.float32, scale: float =
 
     embed = draw(V, D)
     pos_table = draw(config.max_context, D) if config.position == "table" else None
-    layers = [LayerWeights(wq=draw(D, q_width), wk=draw(D, kv_width), wv=draw(D, kv_width),
+    layers = [LayerWeights.from_parts(wq=draw(D, q_width), wk=draw(D, kv_width), wv=draw(D, kv_width),
                            wo=draw(q_width, D), w_gate=draw(D, F), w_up=draw(D, F), w_down=draw(F, D),
                            attn_norm=norm(), ffn_norm=norm())
               for _ in range(config.n_layers)]

@@ -20,9 +20,10 @@ import time
 
 import numpy as np
 
-from .cache import KVCache
-from .model import Model, forward, forward_batch
-from .trace import Trace
+from ..core.cache import KVCache
+from ..core.fast import forward_batch, forward_fast
+from ..core.model import Model
+from ..core.trace import Trace
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -81,7 +82,7 @@ def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_g
     return total
 
 
-def fork(cache, extra: int = 1):
+def cache_copy(cache, extra: int = 1):
     """A copy of `cache` with room for `extra` more positions, so that the next append does not
     have to grow (copy) it again; a cache that is not a KVCache is copied with its .copy()."""
     return cache.copy(extra) if isinstance(cache, KVCache) else cache.copy()
@@ -91,7 +92,7 @@ def traced(model: Model, batch, caches, last_only=True) -> Trace:
     """Run forward_batch with a trace (attention weights not kept) on copies of the caches,
     so the caches passed in are left as they were."""
     trace = Trace(keep_weights=False)
-    copies = [None if c is None else fork(c, len(ids)) for c, ids in zip(caches, batch)]
+    copies = [None if c is None else cache_copy(c, len(ids)) for c, ids in zip(caches, batch)]
     forward_batch(model, batch, copies, last_only=last_only, trace=trace)
     return trace
 
@@ -164,7 +165,7 @@ def prefill_speed(model: Model, prompt_length: int, repeat: int = 3) -> dict:
     `generate` does). -> {"tokens_per_second", "seconds", "gflops"} (FLOPs from a trace)."""
     ids = bench_tokens(model, prompt_length)
     flops = traced(model, [ids], [None]).total_flops()  # untimed; it also warms up
-    seconds = median_seconds(lambda: forward(model, ids, model.new_cache(prompt_length), last_only=True), repeat,
+    seconds = median_seconds(lambda: forward_fast(model, ids, model.new_cache(prompt_length), last_only=True), repeat,
                              warmup=0)
     return {"tokens_per_second": prompt_length / seconds, "seconds": seconds, "gflops": flops / seconds / 1e9}
 
@@ -174,7 +175,7 @@ def prefilled_cache(model: Model, context: int):
     ids = bench_tokens(model, context, seed=1)
     cache = model.new_cache(context + 1)
     for start in range(0, context, 512):
-        forward(model, ids[start:start + 512], cache, last_only=True)
+        forward_fast(model, ids[start:start + 512], cache, last_only=True)
     return cache
 
 
@@ -184,12 +185,12 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None) -> dict:
     each step sees exactly that context (a cache passed in is copied, not changed).
     -> {context: {"tokens_per_second", "seconds"}}, in the order of `contexts`."""
     contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
-    cache = prefilled_cache(model, contexts[0]) if cache is None else fork(cache)
+    cache = prefilled_cache(model, contexts[0]) if cache is None else cache_copy(cache)
     token = bench_tokens(model, 1, seed=2)
     out = {}
     for c in contexts:
         cache.truncate(c)
-        seconds = median_seconds(lambda: forward(model, token, cache, last_only=True), steps,
+        seconds = median_seconds(lambda: forward_fast(model, token, cache, last_only=True), steps,
                                  after=lambda: cache.truncate(c))
         out[c] = {"tokens_per_second": 1.0 / seconds, "seconds": seconds}
     return {c: out[c] for c in sorted(out)}
@@ -201,12 +202,12 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
     positions. Per B: aggregate tokens/s (B / step time), and, when the roofs are given, the
     roofline's prediction (from a traced step). -> [{"batch", "tokens_per_second", "seconds",
     "predicted_tokens_per_second"?}, ...]."""
-    cache = prefilled_cache(model, context) if cache is None else fork(cache)  # the caller's stays as it was
+    cache = prefilled_cache(model, context) if cache is None else cache_copy(cache)  # the caller's stays as it was
     cache.truncate(context)
     itemsize = model.dtype.itemsize
     rows = []
     for b in batch_sizes:
-        caches = [fork(cache) for _ in range(b)]
+        caches = [cache_copy(cache) for _ in range(b)]
         batch = [bench_tokens(model, 1, seed=3 + s) for s in range(b)]
 
         def undo():
@@ -227,20 +228,10 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
 def toy_bench_model() -> Model:
     """The seed toy's shapes (D=8, 2 query heads, 1 KV head, 2 layers, vocab 6), float32
     random weights, and a 1024-row position table so that the 512-token measurements fit."""
-    from .toy import random_model, toy_config
+    from ..core.toy import random_model, toy_config
 
     cfg = dataclasses.replace(toy_config(), max_context=1024, name="toy-1024")
     return random_model(cfg, seed=0, dtype=np.float32)
-
-
-def load_bench_model(name: str) -> Model:
-    if name == "toy":
-        return toy_bench_model()
-    if name == "smollm2":
-        from .smollm2 import load_smollm2
-
-        return load_smollm2()
-    raise ValueError(f"unknown model {name!r}; choose 'toy' or 'smollm2'")
 
 
 def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batch_context: int = 128,
@@ -250,7 +241,7 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
     roofs = measure_bandwidth(bandwidth_bytes, repeat=max(3, repeat))
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
     bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
-    forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
+    forward_fast(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
     prefill = {n: prefill_speed(model, n, repeat) for n in lengths}
     cache = prefilled_cache(model, max(max(lengths), batch_context))
     decode = decode_speed(model, lengths, steps=max(5, repeat), cache=cache)
@@ -308,7 +299,7 @@ def decode_intensities_by_batch(model: Model, cache, batch_sizes=BATCH_SIZES, la
     after the first `context` positions of `cache` (default: all; the cache is not changed).
     -> {B: {op: {...}}}."""
     if context is not None:
-        cache = fork(cache)
+        cache = cache_copy(cache)
         cache.truncate(context)
     itemsize = model.dtype.itemsize
     token = bench_tokens(model, 1, seed=2)

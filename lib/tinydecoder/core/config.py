@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .validate import ROPE_LAYOUTS, is_int
+
 POSITION_SCHEMES = ("table", "rope")
-ROPE_LAYOUTS = ("halves", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Config:
         for field in ("vocab_size", "d_model", "n_heads", "n_kv_heads", "head_dim",
                       "n_layers", "d_ff", "max_context"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"Config.{field} must be a positive integer, got {value!r}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
@@ -80,6 +81,16 @@ class Config:
     def kv_bytes_per_token(self, itemsize: int = 4) -> int:
         """K and V, every layer, every KV head: 2 * L * Hkv * d * bytes."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * itemsize
+
+    @property
+    def q_width(self) -> int:
+        """Columns of all query heads side by side: Hq * d."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Columns of all key (or value) heads side by side: Hkv * d."""
+        return self.n_kv_heads * self.head_dim
 
     def to_dict(self) -> dict:
         return asdict(self)

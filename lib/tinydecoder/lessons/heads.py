@@ -11,9 +11,9 @@ import dataclasses
 
 import numpy as np
 
-from .config import Config
-from .model import Model, check_token_ids, layer_input
-from .ops import apply_rope, rmsnorm
+from ..core.config import Config
+from ..core.model import Model, decoder_block, layer_input
+from ..core.validate import layer_index
 
 
 def divisors(n: int) -> list:
@@ -64,21 +64,11 @@ def layer_qkv(model: Model, token_ids, layer: int = 0):
 
     Returns q [S, Hq, d], k [S, Hkv, d], v [S, Hkv, d] exactly as that layer of `forward`
     computes them (after RoPE, when the model uses it): the earlier layers run first."""
-    cfg = model.config
-    if not 0 <= layer < cfg.n_layers:
-        raise ValueError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer!r}")
-    ids = check_token_ids(cfg, token_ids)
-    positions = np.arange(len(ids))
-    x = layer_input(model, ids, layer)  # [S, D]
-    w = model.layers[layer]
-    h = rmsnorm(x, w.attn_norm, cfg.norm_eps)  # [S, D]
-    q = (h @ w.wq).reshape(len(ids), cfg.n_heads, cfg.head_dim)  # [S, Hq, d]
-    k = (h @ w.wk).reshape(len(ids), cfg.n_kv_heads, cfg.head_dim)  # [S, Hkv, d]
-    v = (h @ w.wv).reshape(len(ids), cfg.n_kv_heads, cfg.head_dim)
-    if cfg.position == "rope":
-        q = apply_rope(q, positions, cfg.rope_base, cfg.rope_layout)
-        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_layout)
-    return q, k, v
+    layer = layer_index(layer, model.config.n_layers)
+    x = layer_input(model, token_ids, layer)  # [S, D]
+    seen = {}
+    decoder_block(model.layers[layer], x, np.arange(len(x)), model.new_cache(len(x)).layer(layer), record=seen)
+    return seen["q"], seen["k"], seen["v"]
 
 
 def split_heads(out, n_heads: int):

@@ -26,6 +26,25 @@ def check_made_for(what: str, made_for: Config, holds, config: Config, dtype, re
         raise ValueError(f"{what} holds {holds} but the model computes in {np.dtype(dtype)}; {remedy}.")
 
 
+class LayerKV:
+    """One layer of a cache, as a decoder block sees it: `append(k, v)` stores this layer's new
+    rows and returns all of them. Works over any cache with `append(layer, k, v)`."""
+
+    def __init__(self, cache, index: int, config: Config):
+        self.cache, self.index, self.config = cache, index, config
+
+    def append(self, k_new, v_new):
+        return self.cache.append(self.index, k_new, v_new)  # [T, Hkv, d] each
+
+
+def check_cache(cache, config: Config, dtype):
+    """`cache` if it can serve a model (config, dtype); a clear error otherwise."""
+    if not hasattr(cache, "append") or not hasattr(cache, "check"):
+        raise TypeError(f"cache must be a KVCache (or None), got {type(cache).__name__}")
+    cache.check(config, dtype)
+    return cache
+
+
 class KVCache:
     """Per layer, K and V of shape [T, Hkv, d], stored after RoPE (when the model uses it).
 
@@ -50,6 +69,12 @@ class KVCache:
         """Raise unless this cache was made for `config` (and `dtype`, when given)."""
         check_made_for("KV cache", self.config, self.dtype, config, dtype,
                        "make a new cache for this model with model.new_cache()")
+
+    def layer(self, index: int) -> LayerKV:
+        """Layer `index` of this cache, for `decoder_block`."""
+        if not 0 <= index < self.config.n_layers:
+            raise ValueError(f"layer {index!r} is out of range: layers are 0..{self.config.n_layers - 1}")
+        return LayerKV(self, index, self.config)
 
     @property
     def capacity(self) -> int:

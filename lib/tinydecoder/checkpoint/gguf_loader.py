@@ -48,8 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config
-from .model import LayerWeights, Model
+from ..core.config import Config
+from ..core.model import LayerWeights, Model
+from ..core.rope import with_layout
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 CACHE_FORMAT = 3
@@ -302,15 +303,10 @@ def write_weights(reader, cfg: Config, allocate, progress: bool = True, desc: st
 
 def assemble_model(cfg: Config, arrays: dict) -> Model:
     """A Model whose weights are views of `arrays` (see `array_shapes`)."""
-    q_width, kv_width, F = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.d_ff
-    layers = []
-    for l in range(cfg.n_layers):
-        qkv, gate_up = arrays[f"blk.{l}.attn_qkv"], arrays[f"blk.{l}.ffn_gate_up"]
-        layers.append(LayerWeights(
-            wq=qkv[:, :q_width], wk=qkv[:, q_width:q_width + kv_width], wv=qkv[:, q_width + kv_width:],
-            wo=arrays[f"blk.{l}.attn_output"], w_gate=gate_up[:, :F], w_up=gate_up[:, F:],
-            w_down=arrays[f"blk.{l}.ffn_down"], attn_norm=arrays[f"blk.{l}.attn_norm"],
-            ffn_norm=arrays[f"blk.{l}.ffn_norm"], w_qkv=qkv, w_gate_up=gate_up))
+    layers = [LayerWeights(w_qkv=arrays[f"blk.{l}.attn_qkv"], wo=arrays[f"blk.{l}.attn_output"],
+                           w_gate_up=arrays[f"blk.{l}.ffn_gate_up"], w_down=arrays[f"blk.{l}.ffn_down"],
+                           attn_norm=arrays[f"blk.{l}.attn_norm"], ffn_norm=arrays[f"blk.{l}.ffn_norm"])
+              for l in range(cfg.n_layers)]
     # The embedding is stored [D, V] and used through its transpose: embed[ids] gathers rows of
     # a [V, D] view (a few microseconds a token), while the tied head, embed.T, is then a
     # contiguous [D, V] matrix, which a decode step's matrix-vector product reads ~1.5x faster.
@@ -456,6 +452,4 @@ def to_interleaved(model: Model) -> Model:
     K are rearranged, into new arrays; everything else is shared with `model`). It is
     `rope.with_layout(model, "interleaved")`: per head, the column permutation that
     `permute_qk` applies to the GGUF's rows."""
-    from .rope import with_layout
-
     return with_layout(model, "interleaved")

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .generate import greedy
-from .model import Model, check_context, check_token_ids, embed_tokens, forward
-from .ops import apply_rope, attention, rmsnorm, swiglu
+from ..core.model import Model, check_token_ids, forward
+from ..core.ops import attention
+from ..core.sampling import greedy
 
 BUGS = {
     "none": "the correct loop",
@@ -50,27 +50,10 @@ def forward_with(model: Model, token_ids, cache, *, start=None, attend=attention
     """A cached forward like `forward`, built from the same ops, with two things exposed:
     `start`, the position of the first new token (default: the cache length, which is right),
     and `attend(q [S,Hq,d], k [T,Hkv,d], v) -> [S, Hq*d]`. Returns logits [S, V]."""
-    cfg = model.config
-    ids = check_token_ids(cfg, token_ids)
     past = len(cache)
-    check_context(cfg, past, len(ids))
+    n = len(check_token_ids(model.config, token_ids))
     start = past if start is None else int(start)
-    positions = np.arange(start, start + len(ids))  # [S]
-    x = embed_tokens(model, ids, positions)  # [S, D]
-    Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    for l, w in enumerate(model.layers):
-        h = rmsnorm(x, w.attn_norm, cfg.norm_eps)  # [S, D]
-        q = (h @ w.wq).reshape(-1, Hq, d)  # [S, Hq, d]
-        k = (h @ w.wk).reshape(-1, Hkv, d)  # [S, Hkv, d]
-        v = (h @ w.wv).reshape(-1, Hkv, d)
-        if cfg.position == "rope":
-            q = apply_rope(q, positions, cfg.rope_base, cfg.rope_layout)
-            k = apply_rope(k, positions, cfg.rope_base, cfg.rope_layout)
-        k_all, v_all = cache.append(l, k, v)  # [T, Hkv, d]
-        x = x + attend(q, k_all, v_all) @ w.wo
-        z = rmsnorm(x, w.ffn_norm, cfg.norm_eps)
-        x = x + swiglu(z, w.w_gate, w.w_up) @ w.w_down  # [S, D]
-    return rmsnorm(x, model.final_norm, cfg.norm_eps) @ model.lm_head  # [S, V]
+    return forward(model, token_ids, cache, positions=np.arange(start, start + n), attend=attend)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import Config
+from ..core.config import Config
 
 # Bytes per stored number. "fp8"/"int8": 8-bit KV caches; "q4": a 4-bit cache (half a byte).
 DTYPE_BYTES = {

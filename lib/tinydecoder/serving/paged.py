@@ -70,8 +70,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import Config
-from .cache import check_made_for, common_length
+from ..core.cache import check_made_for, common_length
+from ..core.config import Config
 
 
 class PoolExhaustedError(RuntimeError):
@@ -296,7 +296,7 @@ class PagedKVPool:
 
 
 def _check_tokens(config: Config, token_ids) -> list:
-    from .model import check_token_ids  # late import: model imports nothing from here
+    from ..core.model import check_token_ids  # late import: model imports nothing from here
     return [int(t) for t in check_token_ids(config, token_ids)]
 
 

@@ -1,4 +1,5 @@
-"""The generation loop: prefill once, then feed only the newly chosen token each step."""
+"""The generation loop: prefill once, then feed only the newly chosen token each step
+(on the fast path, `fast.forward_fast`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,7 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import Config
-from .model import Model, check_token_ids, forward
+from .fast import forward_fast
+from .model import Model, check_token_ids
+from .sampling import greedy
+from .validate import max_new_tokens as check_max_new_tokens
 
 
 @dataclass
@@ -50,11 +54,6 @@ def work_counts(config: Config, past: int, new: int) -> tuple:
     return config.n_layers * new, config.n_layers * config.n_heads * pairs_per_head
 
 
-def greedy(logits) -> int:
-    """The highest-scoring token (the lowest id among ties)."""
-    return int(np.argmax(logits))
-
-
 def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_cache: bool = True,
              cache=None, stop_tokens=(), on_token=None) -> Generation:
     """Generate up to `max_new_tokens` tokens after `prompt`.
@@ -65,8 +64,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     prompt; only the rest is prefilled. `sampler(logits) -> id` picks each token (greedy by
     default); generation stops after a token in `stop_tokens`; `on_token(id)` streams."""
     cfg = model.config
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    check_max_new_tokens(max_new_tokens)
     tokens = [int(t) for t in check_token_ids(cfg, prompt)]
     needed = len(tokens) + max_new_tokens - 1  # the last chosen token is never fed back
     if needed > cfg.max_context:
@@ -86,7 +84,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     for step in range(1, max_new_tokens + 1):
         past = len(cache) if use_cache else 0
         new = tokens[past:]
-        logits = forward(model, new, cache if use_cache else None, last_only=True)[-1]  # [V]
+        logits = forward_fast(model, new, cache if use_cache else None, last_only=True)[-1]  # [V]
         rows, pairs = work_counts(cfg, past, len(new))
         result.projected_rows += rows
         result.score_pairs += pairs

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .generate import greedy
-from .model import Model, check_token_ids, forward_batch
+from ..core.fast import forward_batch
+from ..core.model import Model, check_token_ids
+from ..core.sampling import greedy
 
 PREFILL, DECODE = "prefill", "decode"
 POLICIES = ("decode_first", "prefill_first")

@@ -1,0 +1,295 @@
+"""The decoder, the readable way: weights in a dataclass, one block, one forward pass for
+prefill and decode alike. (The same arithmetic, made fast, is `fast.py`; tests prove them equal.)
+
+    x = embed[ids] (+ pos_table[positions])                      # [S, D]
+    for each layer:                                              # pre-norm block
+        h = rmsnorm(x);  q, k, v = h Wq, h Wk, h Wv              # (+ RoPE on q, k)
+        K, V = cache.append(k, v)                                # past + new, [T, Hkv, d]
+        x = x + attention(q, K, V) Wo
+        x = x + swiglu(rmsnorm(x), Wgate, Wup) Wdown
+    logits = rmsnorm(x) W_head                                   # [S, V]
+
+Prefill feeds the whole prompt (S rows); a decode step feeds one new token (S = 1) and reads
+everything else from the cache. It is the same code: only the shapes differ.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cache import KVCache, LayerKV, check_cache
+from .config import Config
+from .ops import apply_rope, attention, rmsnorm, silu, swiglu
+from .trace import Trace
+from .validate import is_int, layer_index
+
+
+@dataclass
+class LayerWeights:
+    """One block's weights, a projection being `x @ w` ([in, out]).
+
+    Stored the way the checkpoint cache stores them: Q, K and V side by side in `w_qkv`, gate
+    and up side by side in `w_gate_up`. The separate matrices (`wq`, `wk`, `wv`, `w_gate`,
+    `w_up`) are column views split from them where they are used: one copy of every weight."""
+
+    w_qkv: np.ndarray  # [D, Hq*d + 2*Hkv*d]
+    wo: np.ndarray  # [Hq*d, D]
+    w_gate_up: np.ndarray  # [D, 2F]
+    w_down: np.ndarray  # [F, D]
+    attn_norm: np.ndarray | None = None  # [D], when the config has norm_scale
+    ffn_norm: np.ndarray | None = None  # [D]
+
+    @classmethod
+    def from_parts(cls, wq, wk, wv, wo, w_gate, w_up, w_down, attn_norm=None, ffn_norm=None):
+        """Build a layer from separate matrices (copied side by side once)."""
+        if np.shape(wk) != np.shape(wv):
+            raise ValueError(f"wk {np.shape(wk)} and wv {np.shape(wv)} must have the same shape")
+        if np.shape(w_gate) != np.shape(w_up):
+            raise ValueError(f"w_gate {np.shape(w_gate)} and w_up {np.shape(w_up)} must have the same shape")
+        return cls(w_qkv=np.concatenate([wq, wk, wv], axis=1), wo=wo,
+                   w_gate_up=np.concatenate([w_gate, w_up], axis=1), w_down=w_down,
+                   attn_norm=attn_norm, ffn_norm=ffn_norm)
+
+    @property
+    def wq(self) -> np.ndarray:  # [D, Hq*d]
+        return self.w_qkv[:, :self.wo.shape[0]]
+
+    @property
+    def wk(self) -> np.ndarray:  # [D, Hkv*d]
+        q_width = self.wo.shape[0]
+        return self.w_qkv[:, q_width:q_width + (self.w_qkv.shape[1] - q_width) // 2]
+
+    @property
+    def wv(self) -> np.ndarray:  # [D, Hkv*d]
+        q_width = self.wo.shape[0]
+        return self.w_qkv[:, q_width + (self.w_qkv.shape[1] - q_width) // 2:]
+
+    @property
+    def w_gate(self) -> np.ndarray:  # [D, F]
+        return self.w_gate_up[:, :self.w_down.shape[0]]
+
+    @property
+    def w_up(self) -> np.ndarray:  # [D, F]
+        return self.w_gate_up[:, self.w_down.shape[0]:]
+
+    def arrays(self) -> dict:
+        """The stored arrays by name (each weight once)."""
+        return {name: getattr(self, name) for name in
+                ("w_qkv", "wo", "w_gate_up", "w_down", "attn_norm", "ffn_norm")}
+
+
+@dataclass
+class Model:
+    config: Config
+    embed: np.ndarray  # [V, D], a row per token id
+    layers: list
+    final_norm: np.ndarray | None = None  # [D]
+    pos_table: np.ndarray | None = None  # [max_context, D] when config.position == "table"
+    lm_head: np.ndarray | None = None  # [D, V]; the embedding transposed (a view) when tied
+
+    def __post_init__(self):
+        cfg = self.config
+        if self.lm_head is None:
+            if not cfg.tied_embeddings:
+                raise ValueError("Model needs lm_head [D, V] unless config.tied_embeddings is True")
+            self.lm_head = self.embed.T  # a view: no second copy of the table
+        D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+        expect = {"embed": (self.embed, (V, D)), "lm_head": (self.lm_head, (D, V))}
+        if cfg.position == "table":
+            expect["pos_table"] = (self.pos_table, (cfg.max_context, D))
+        if cfg.norm_scale:
+            expect["final_norm"] = (self.final_norm, (D,))
+        if len(self.layers) != cfg.n_layers:
+            raise ValueError(f"config says n_layers={cfg.n_layers} but {len(self.layers)} layers were given")
+        for i, layer in enumerate(self.layers):
+            shapes = {"w_qkv": (D, cfg.q_width + 2 * cfg.kv_width), "wo": (cfg.q_width, D),
+                      "w_gate_up": (D, 2 * F), "w_down": (F, D)}
+            if cfg.norm_scale:
+                shapes.update(attn_norm=(D,), ffn_norm=(D,))
+            for name, shape in shapes.items():
+                expect[f"layers[{i}].{name}"] = (getattr(layer, name), shape)
+        for name, (array, shape) in expect.items():
+            if array is None or tuple(array.shape) != shape:
+                got = None if array is None else tuple(array.shape)
+                raise ValueError(f"weight {name} has shape {got}, but the config needs {shape}")
+
+    @property
+    def dtype(self):
+        return self.embed.dtype
+
+    def new_cache(self, capacity: int = 16) -> KVCache:
+        return KVCache(self.config, self.dtype, capacity)
+
+    @property
+    def n_params(self) -> int:
+        arrays = [self.embed, self.pos_table, self.final_norm]
+        if not self.config.tied_embeddings:
+            arrays.append(self.lm_head)
+        for layer in self.layers:
+            arrays += list(layer.arrays().values())
+        return sum(a.size for a in arrays if a is not None)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights one forward pass reads (the tied head counted once)."""
+        return self.n_params * self.dtype.itemsize
+
+
+def check_token_ids(config: Config, token_ids) -> np.ndarray:
+    """Validate a sequence of token ids; return it as a 1-D int64 array."""
+    if isinstance(token_ids, (str, bytes)):
+        raise TypeError("token ids must be a sequence of integers, got text; encode it with a tokenizer first")
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1:
+        raise ValueError(f"token ids must be a flat sequence of integers, got an array of shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("empty prompt: at least one token id is needed")
+    if arr.dtype.kind == "O" and all(is_int(t) for t in arr):
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        bad = next((t for t in arr.tolist() if not is_int(t)), arr[0])
+        raise TypeError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})")
+    out_of_range = np.flatnonzero((arr < 0) | (arr >= config.vocab_size))
+    if out_of_range.size:
+        i = int(out_of_range[0])
+        raise ValueError(f"token id {int(arr[i])} at position {i} is out of range: "
+                         f"ids must be in 0..{config.vocab_size - 1} (vocab_size {config.vocab_size})")
+    return arr.astype(np.int64, copy=False)
+
+
+def check_context(config: Config, past: int, new: int) -> None:
+    if past + new > config.max_context:
+        raise ValueError(f"context too long: {past} cached + {new} new = {past + new} positions, "
+                         f"but this model's context limit is {config.max_context}")
+
+
+def embed_tokens(model: Model, ids, positions) -> np.ndarray:
+    """Each id's row of the embedding table, plus its position's row when the model has a
+    position table (a RoPE model adds positions inside attention instead).  -> [N, D]"""
+    x = model.embed[ids]  # [N, D]
+    if model.config.position == "table":
+        x = x + model.pos_table[positions]
+    return x
+
+
+def decoder_block(layer: LayerWeights, x, positions, kv: LayerKV, *, last_only=False, attend=attention,
+                  trace=None, record=None):
+    """One pre-norm block for one sequence.  x [S, D] -> [S, D] ([1, D] with last_only).
+
+    `kv` is one layer of a cache (`cache.layer(l)`): the new keys and values are appended to
+    it and attention reads all of them. last_only: only the last row goes on past attention
+    (its query, attention, output projection and FFN); keys and values are made for all rows.
+    `attend(q, K, V)` is attention itself (the lessons swap in broken ones); `trace` (a Trace)
+    and `record` (a dict, filled with every intermediate) are for looking inside."""
+    cfg = kv.config
+    Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)  # [S, D]
+    hq = h[-1:] if last_only else h  # the rows that ask (query)
+    q = (hq @ layer.wq).reshape(-1, Hq, d)  # [Sq, Hq, d]
+    k = (h @ layer.wk).reshape(-1, Hkv, d)  # [S, Hkv, d]
+    v = (h @ layer.wv).reshape(-1, Hkv, d)  # [S, Hkv, d]
+    if cfg.position == "rope":
+        q = apply_rope(q, positions[-len(q):], cfg.rope_base, cfg.rope_layout)
+        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_layout)  # cached after rotation
+    k_all, v_all = kv.append(k, v)  # [T, Hkv, d]: the past and these rows
+    out = attend(q, k_all, v_all)  # [Sq, Hq*d]
+    x1 = (x[-1:] if last_only else x) + out @ layer.wo  # [Sq, D]
+    z = rmsnorm(x1, layer.ffn_norm, cfg.norm_eps)
+    x2 = x1 + swiglu(z, layer.w_gate, layer.w_up) @ layer.w_down  # [Sq, D]
+    if trace is not None or record is not None:
+        look_inside(trace, record, kv, layer, x, h, hq, q, k, k_all, v_all, out, x1, z, x2)
+    return x2
+
+
+def forward(model: Model, token_ids, cache=None, *, last_only: bool = False, trace: Trace | None = None,
+            positions=None, attend=attention) -> np.ndarray:
+    """Logits [S, V] for S new tokens; with a cache, attend to its past and append the new K/V.
+
+    last_only=True returns only the last position's logits [1, V], and the last layer
+    computes queries, attention and FFN for that position alone (its K/V still for all).
+    `positions` of the new tokens default to right after the cache (anything else is a
+    position bug, which the lessons show); `attend` replaces attention (the lessons' bugs)."""
+    cfg = model.config
+    ids = check_token_ids(cfg, token_ids)
+    cache = model.new_cache(len(ids)) if cache is None else check_cache(cache, cfg, model.dtype)
+    check_context(cfg, len(cache), len(ids))
+    if positions is None:
+        positions = np.arange(len(cache), len(cache) + len(ids))  # [S]
+    x = embed_tokens(model, ids, positions)  # [S, D]
+    if trace is not None:
+        trace.record(None, "embed", [(len(ids),)], x.shape)
+    for l, layer in enumerate(model.layers):
+        last = last_only and l == cfg.n_layers - 1  # earlier layers' rows feed later K/V
+        x = decoder_block(layer, x, positions, LayerKV(cache, l, cfg), last_only=last, attend=attend,
+                          trace=trace)
+    h = rmsnorm(x, model.final_norm, cfg.norm_eps)
+    logits = h @ model.lm_head  # [S, V]
+    if trace is not None:
+        trace.record(None, "final_norm", [x.shape], h.shape)
+        trace.matmul(None, "lm_head", h.shape, model.lm_head.shape)
+    return logits
+
+
+def layer_input(model: Model, token_ids, layer: int) -> np.ndarray:
+    """The hidden state [S, D] entering block `layer` when token_ids are prefilled from scratch:
+    the embedding (plus positions), then blocks 0 .. layer-1. Notebooks use it to look inside."""
+    ids = check_token_ids(model.config, token_ids)
+    layer = layer_index(layer, model.config.n_layers)
+    positions = np.arange(len(ids))
+    x = embed_tokens(model, ids, positions)  # [S, D]
+    cache = model.new_cache(len(ids))
+    for l in range(layer):
+        x = decoder_block(model.layers[l], x, positions, cache.layer(l))
+    return x
+
+
+# ----------------------------------------------------------------------------- looking inside
+
+LAYER_STEPS = ("input x", "attn_norm", "q_proj", "k_proj", "v_proj", "attention", "o_proj",
+               "residual 1", "ffn_norm", "ffn_gate", "ffn_up", "swiglu", "ffn_down", "residual 2")
+
+
+def look_inside(trace, record, kv, layer, x, h, hq, q, k, k_all, v_all, out, x1, z, x2):
+    """What `decoder_block` computed, for a Trace (op shapes, FLOPs, attention weights) and/or a
+    record dict (every intermediate by name, LAYER_STEPS, plus q, k, v per head and the weights).
+    Only the attention weights and the FFN's two halves are computed again here."""
+    cfg, l = kv.config, kv.index
+    weights = attention(q, k_all, v_all, return_weights=True)[1]  # [Hq, Sq, T]
+    gate, up = z @ layer.w_gate, z @ layer.w_up  # [Sq, F]
+    hidden = silu(gate) * up
+    if record is not None:
+        q_proj, k_proj, v_proj = hq @ layer.wq, h @ layer.wk, h @ layer.wv  # before RoPE
+        record.update(zip(LAYER_STEPS, (x, h, q_proj, k_proj, v_proj, out, out @ layer.wo, x1, z, gate, up,
+                                        hidden, hidden @ layer.w_down, x2)))
+        record.update(q=q, k=k, v=v_proj.reshape(k.shape), weights=weights)  # q, k after RoPE
+    if trace is not None:
+        trace_block_inputs(trace, l, cfg, h, hq, q, k, layer)
+        trace_attention(trace, l, 0, q, k_all, weights)
+        trace_block_outputs(trace, l, layer, out, z, hidden)
+
+
+def trace_block_inputs(trace, l, cfg, h, hq, q, k, layer):
+    trace.record(l, "attn_norm", [h.shape], h.shape)
+    trace.matmul(l, "q_proj", hq.shape, layer.wq.shape)
+    trace.matmul(l, "k_proj", h.shape, layer.wk.shape)
+    trace.matmul(l, "v_proj", h.shape, layer.wv.shape)
+    if cfg.position == "rope":
+        trace.record(l, "rope", [q.shape, k.shape], q.shape)
+
+
+def trace_attention(trace, l, s, q, k_all, weights):
+    (S, Hq, d), T = q.shape, k_all.shape[0]
+    trace.record(l, "attention", [q.shape, k_all.shape, k_all.shape], (S, Hq * d),
+                 4 * Hq * S * T * d, segment=s)  # QK^T and PV: 2*Hq*S*T*d each
+    if trace.keep_weights:
+        trace.attention_weights[(l, s)] = weights  # [Hq, S, T]
+
+
+def trace_block_outputs(trace, l, layer, out, z, hidden):
+    trace.matmul(l, "o_proj", out.shape, layer.wo.shape)
+    trace.record(l, "ffn_norm", [z.shape], z.shape)
+    trace.matmul(l, "ffn_gate", z.shape, layer.w_gate.shape)
+    trace.matmul(l, "ffn_up", z.shape, layer.w_up.shape)
+    trace.record(l, "swiglu", [hidden.shape, hidden.shape], hidden.shape)
+    trace.matmul(l, "ffn_down", hidden.shape, layer.w_down.shape)

@@ -1,0 +1,57 @@
+"""Argument checks shared by the whole package: one clear message per kind of bad input."""
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+ROPE_LAYOUTS = ("halves", "interleaved")
+
+
+def is_int(value) -> bool:
+    """An integer (Python or numpy), and not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """A real number (int or float, Python or numpy), and not a bool."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def int_at_least(name: str, value, low: int = 1) -> int:
+    """`value` as an int; a ValueError naming `name` unless it is an integer >= low."""
+    if not is_int(value) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def positive_int(name: str, value) -> int:
+    return int_at_least(name, value, 1)
+
+
+def number_at_least(name: str, value, low: float = 0.0, *, strict: bool = False) -> float:
+    """`value` as a float; a ValueError unless it is a real number >= low (> low if strict)."""
+    if not is_real(value) or value != value or (value <= low if strict else value < low):
+        raise ValueError(f"{name} must be a number {'>' if strict else '>='} {low}, got {value!r}")
+    return float(value)
+
+
+def layer_index(value, n_layers: int) -> int:
+    """A layer number 0..n_layers-1."""
+    if not is_int(value) or not 0 <= value < n_layers:
+        raise ValueError(f"layer {value!r} is out of range: layers are 0..{n_layers - 1} (n_layers)")
+    return int(value)
+
+
+def max_new_tokens(value) -> int:
+    return int_at_least("max_new_tokens", value, 1)
+
+
+def rope_layout(value) -> str:
+    if value not in ROPE_LAYOUTS:
+        raise ValueError(f"RoPE layout must be one of {ROPE_LAYOUTS}, got {value!r}")
+    return value
+
+
+def even_head_dim(value) -> int:
+    if not is_int(value) or value < 2 or value % 2:
+        raise ValueError(f"RoPE rotates pairs: head_dim must be an even integer >= 2, got {value!r}")
+    return int(value)

@@ -1,0 +1,239 @@
+"""Widgets of Part I's later chapters: the cache scrubber, a real model's attention, sampling, RoPE."""
+
+from __future__ import annotations
+
+import ipywidgets as W
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .. import viz
+from ..core.model import LAYER_STEPS, check_token_ids, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from .base import STYLE, panel, show  # noqa: F401
+
+# ----------------------------------------------------------------------------- 06: the cache, round by round
+
+def cache_step_view(steps, step):
+    """Round `step` (1-based; 1 is the prefill) of phases.cached_steps(...):
+    {"step", "phase", "input_tokens", "positions", "cache_before", "cache_after", "context",
+     "weights" [Hq, S, T], "new_query_weights" [Hq, T] (the round's last query),
+     "next_token", "cache_lengths" (after every round up to this one), "capacity" (the
+     cache length after the last round, so that every round is drawn on the same axis)}."""
+    if not 1 <= int(step) <= len(steps):
+        raise ValueError(f"step must be in 1..{len(steps)} (the rounds run), got {step}")
+    s = steps[int(step) - 1]
+    return {"step": s.step, "phase": s.phase, "input_tokens": s.input_tokens, "positions": s.positions,
+            "cache_before": s.cache_before, "cache_after": s.cache_after, "context": s.context,
+            "weights": s.weights, "new_query_weights": s.weights[:, -1, :], "next_token": s.next_token,
+            "cache_lengths": [x.cache_after for x in steps[:int(step)]], "capacity": steps[-1].cache_after}
+
+
+def cache_step_figure(data, layer=0):
+    """Top: the round's newest query's weights over the cache rows, one row per head (rows
+    not in the cache yet hatched). Bottom: the cache, old rows and the rows this round added,
+    with the head-averaged weights as bars."""
+    T, cap = data["cache_after"], data["capacity"]
+    H = data["weights"].shape[0]
+    w = np.full((H, cap), np.nan)  # non-finite cells are drawn masked: rows not in the cache yet
+    w[:, :T] = data["new_query_weights"]
+    labels = viz.token_labels(data["context"][:T]) + [str(j) for j in range(T, cap)]
+    fig, (ax_w, ax_c) = plt.subplots(2, 1, figsize=(10, 1.6 + 0.35 * H + 2.0), layout="constrained",
+                                     height_ratios=[0.6 + 0.35 * H, 2.0])
+    im = viz.heatmap(ax_w, w, [f"head {h}" for h in range(H)], labels,
+                     f"round {data['step']} ({data['phase']}): input {data['input_tokens']} at positions "
+                     f"{data['positions']}\nlayer {layer}: weights of the newest query (position {T - 1}) "
+                     f"over the cache rows", vmin=0, vmax=1, annotate=cap <= 16, colorbar=False,
+                     xlabel="cache row (position:token; hatched = not cached yet)", ylabel="")
+    viz.cache_strip(ax_c, data["context"], data["cache_before"], T, w[:, :T].mean(axis=0),
+                    f"KV cache after round {data['step']}: {T} rows; chosen token {data['next_token']}",
+                    capacity=cap)
+    fig.colorbar(im, ax=[ax_w, ax_c], fraction=0.03, pad=0.02).set_label("attention weight")
+    return fig
+
+
+def cache_scrubber_widget(model, prompt, max_new_tokens, layer=0):
+    """Slider "round": pick a round of cached generation (1 = prefill, then decode steps); see
+    which cache rows the new query reads and the cache growing."""
+    from ..lessons.phases import cached_steps
+
+    steps = cached_steps(model, prompt, max_new_tokens, layer=layer)
+    slider = W.IntSlider(value=min(2, len(steps)), min=1, max=len(steps), description="round (1 = prefill)",
+                         continuous_update=False, style=STYLE)
+    box = panel({"step": slider}, lambda step: cache_step_view(steps, step),
+                lambda d: cache_step_figure(d, layer))
+    box.steps = steps
+    return box
+# ----------------------------------------------------------------------------- 12: sampling
+
+def sampling_figure(view, labels):
+    """Bars of the best tokens: grey = probability at temperature 1 with nothing filtered,
+    colour = the distribution the sampler draws from (zero for tokens filtered out)."""
+    ids = view["ids"]
+    x = np.arange(len(ids))
+    fig, ax = plt.subplots(figsize=(11, 3.6), layout="constrained")
+    ax.bar(x - 0.2, view["base"], 0.4, color="#c8c8c8", label="temperature 1, no filter")
+    colors = ["C0" if k else "#f0f0f0" for k in view["kept"]]
+    ax.bar(x + 0.2, view["probs"], 0.4, color=colors, edgecolor="C0", label="sampled from (kept)")
+    ax.set_xticks(x)
+    name = labels if callable(labels) else labels.__getitem__
+    ax.set_xticklabels([repr(name(int(i))) for i in ids], rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("probability")
+    ax.set_xlabel("next token (best first)")
+    s = view["settings"]
+    mode = "greedy" if view["greedy"] else (f"T={s['temperature'] if s['temperature'] is not None else 1}, "
+                                            f"top-k={s['top_k'] or 'off'}, top-p={s['top_p'] or 'off'}")
+    ax.set_title(f"{mode}: {view['n_kept']} token(s) kept, holding {view['kept_base_mass']:.3f} "
+                 f"of the temperature-1 mass")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def sampling_widget(logits, labels, n_show=15):
+    """Sliders "temperature" (0 = greedy), "top-k" (0 = off) and "top-p" (1 = off) redraw the
+    kept set and the probabilities of the best `n_show` tokens. labels: a sequence (labels[id])
+    or a function (labels(id)) giving a token's text."""
+    from ..core.sampling import distribution_view
+
+    temperature = W.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
+                                continuous_update=False, style=STYLE)
+    top_k = W.IntSlider(value=0, min=0, max=50, description="top-k (0 = off)", continuous_update=False, style=STYLE)
+    top_p = W.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p (1 = off)",
+                          continuous_update=False, style=STYLE)
+
+    def compute(temperature, top_k, top_p):
+        return distribution_view(logits, temperature, top_k or None, None if top_p >= 1.0 else top_p, n_show)
+
+    return panel({"temperature": temperature, "top_k": top_k, "top_p": top_p}, compute,
+                 lambda view: sampling_figure(view, labels), title="next-token distribution")
+# ----------------------------------------------------------------------------- 13: RoPE
+
+def rope_figure(view, pairs=(0, 1, 2, -1)):
+    """For a few pairs: q's and k's 2-D pieces after rotation (arrows, faint: before), and
+    every pair's share of the score q . k as bars."""
+    n_pairs = len(view["angle_q"])
+    pairs = [p % n_pairs for p in pairs]
+    fig, axes = plt.subplots(1, len(pairs) + 1, figsize=(3.0 * (len(pairs) + 1) + 1, 3.2), layout="constrained")
+    lim = 1.2 * max(np.linalg.norm(view["q"], axis=1).max(), np.linalg.norm(view["k"], axis=1).max())
+    for ax, p in zip(axes, pairs):
+        viz.arrows_2d(ax, {"q": view["q_rot"][p], "k": view["k_rot"][p]}, limit=lim, colors=["C0", "C3"])
+        for vec, color in ((view["q"][p], "C0"), (view["k"][p], "C3")):
+            ax.annotate("", xy=vec, xytext=(0, 0), arrowprops=dict(arrowstyle="->", lw=1, color=color, alpha=0.3))
+        a, b = view["pairs"][p]
+        ax.set_xlabel(f"dim {a}")
+        ax.set_ylabel(f"dim {b}")
+        ax.set_title(f"pair {p}: q turned {np.degrees(view['angle_q'][p]):.0f}°,\n"
+                     f"k turned {np.degrees(view['angle_k'][p]):.0f}°", fontsize=9)
+    ax = axes[-1]
+    ax.bar(np.arange(n_pairs), view["pair_scores"], color="C2")
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("pair i")
+    ax.set_ylabel("q_i . k_i")
+    ax.set_title(f"score {view['score']:.3f} at distance {view['distance']}", fontsize=9)
+    fig.suptitle(f"query at position {view['pos_q']}, key at position {view['pos_k']}", fontsize=10)
+    return fig
+
+
+def rope_widget(q, k, base=10000.0, layout="halves", max_position=64, pairs=(0, 1, 2, -1)):
+    """Sliders "query position", "key position" and "shift both by": the rotated pairs and the
+    score; shifting both positions turns every arrow but leaves the score unchanged."""
+    from ..lessons.rope_lab import pair_view
+
+    pos_q = W.IntSlider(value=5, min=0, max=max_position, description="query position", continuous_update=False,
+                        style=STYLE)
+    pos_k = W.IntSlider(value=2, min=0, max=max_position, description="key position", continuous_update=False,
+                        style=STYLE)
+    shift = W.IntSlider(value=0, min=0, max=max_position, description="shift both by", continuous_update=False,
+                        style=STYLE)
+
+    def compute(pos_q, pos_k, shift):
+        return pair_view(q, k, pos_q + shift, pos_k + shift, base, layout)
+
+    return panel({"pos_q": pos_q, "pos_k": pos_k, "shift": shift}, compute,
+                 lambda view: rope_figure(view, pairs), title="RoPE: rotated query and key")
+# ----------------------------------------------------------------------------- 07: a real model
+
+def first_token_mass(trace, seq=0, from_position=1):
+    """How much attention goes to position 0: for every layer and query head, the weight on key 0
+    averaged over the queries at positions >= from_position (the query at position 0 can only
+    attend to itself, so it says nothing). Read from trace.attention_weights of a traced forward.
+    -> array [L, Hq], layers in order."""
+    layers = sorted(l for (l, s) in trace.attention_weights if s == seq)
+    if not layers:
+        raise ValueError(f"the trace holds no attention weights for sequence {seq}; "
+                         f"run forward(model, ids, trace=Trace()) first")
+    out = []
+    for l in layers:
+        w = trace.attention_weights[(l, seq)]  # [Hq, S, T]
+        S, T = w.shape[1:]
+        rows = T - S + np.arange(S) >= int(from_position)  # query i sits at position T - S + i
+        if not rows.any():
+            raise ValueError(f"no query at a position >= {from_position} (the last query is at {T - 1})")
+        out.append(w[:, rows, 0].mean(axis=1))  # [Hq]
+    return np.array(out)
+
+
+def attention_view(trace, config, layer, head="all", log_scale=False, *, seq=0, floor=viz.LOG_FLOOR):
+    """One layer's attention weights from a traced forward, for the attention explorer.
+
+    head: "all" (every query head) or a query head index. Returns {"layer", "heads" [h],
+    "kv_heads" [h] (the KV head each reads), "weights" [h, S, T], "shown" (log10 weights with
+    log_scale, see viz.log_attention; else the weights), "log_scale", "first_token_mass" [h]
+    (weight on position 0, averaged over queries at positions >= 1)}."""
+    if (int(layer), seq) not in trace.attention_weights:
+        raise ValueError(f"layer {layer} is not in the trace: traced layers are "
+                         f"{sorted(l for l, s in trace.attention_weights if s == seq)}")
+    weights = trace.attention_weights[(int(layer), seq)]  # [Hq, S, T]
+    if weights.shape[0] != config.n_heads:
+        raise ValueError(f"the trace has {weights.shape[0]} heads but the config {config.n_heads}")
+    if head == "all":
+        heads = list(range(config.n_heads))
+    elif isinstance(head, (int, np.integer)) and not isinstance(head, bool) and 0 <= head < config.n_heads:
+        heads = [int(head)]
+    else:
+        raise ValueError(f"head must be 'all' or a query head in 0..{config.n_heads - 1}, got {head!r}")
+    w = np.asarray(weights[heads], dtype=np.float64)  # [h, S, T]
+    mass = first_token_mass(trace, seq)[int(layer), heads] if w.shape[2] > 1 else np.ones(len(heads))
+    return {"layer": int(layer), "heads": heads, "kv_heads": [config.kv_head_of(h) for h in heads],
+            "weights": w, "shown": viz.log_attention(w, floor) if log_scale else w, "log_scale": bool(log_scale),
+            "first_token_mass": mass, "floor": floor}
+
+
+def attention_view_figure(view, labels=None, group_size=1):
+    """All heads: a grid with one row per KV head (group_size query heads each). One head: a
+    single annotated heatmap. Log scale when the view says so."""
+    names = [f"head {h} → KV {g}" for h, g in zip(view["heads"], view["kv_heads"])]
+    scale = "log scale" if view["log_scale"] else "linear scale"
+    if len(view["heads"]) > 1:
+        return viz.head_grid(view["weights"], labels, labels, ncols=group_size, log=view["log_scale"],
+                             floor=view["floor"], head_names=names,
+                             title=f"layer {view['layer']}, {scale}: mean weight on position 0 = "
+                                   f"{float(np.mean(view['first_token_mass'])):.2f}")
+    S = view["weights"].shape[1]
+    fig, ax = plt.subplots(figsize=(1.6 + 0.42 * S, 1.2 + 0.38 * S), layout="constrained")
+    log = view["log_scale"]
+    viz.heatmap(ax, view["shown"][0], labels, labels,
+                f"layer {view['layer']}, {names[0]} ({scale}): weight on position 0 = "
+                f"{float(view['first_token_mass'][0]):.2f}", mask="causal",
+                vmin=float(np.log10(view["floor"])) if log else 0.0, vmax=0.0 if log else 1.0,
+                annotate=S <= 16, fmt="{:.1f}" if log else "{:.2f}",
+                cbar_label="log10 weight" if log else "weight", xlabel="key", ylabel="query")
+    ax.title.set_fontsize(9)
+    return fig
+
+
+def attention_explorer_widget(trace, config, labels=None, layer=0, head="all", log_scale=False):
+    """Slider "layer", dropdown "head" ("all" or one query head, with its KV head) and checkbox
+    "log scale": redraws that layer's attention heatmaps from a traced forward (nothing is
+    recomputed, so it is quick even for a real model)."""
+    layers = sorted(l for l, s in trace.attention_weights if s == 0)
+    if not layers:
+        raise ValueError("the trace holds no attention weights; run forward(model, ids, trace=Trace()) first")
+    layer_slider = W.IntSlider(value=layer, min=layers[0], max=layers[-1], description="layer",
+                               continuous_update=False, style=STYLE)
+    options = [("all heads", "all")] + [(f"head {h} (KV {config.kv_head_of(h)})", h) for h in range(config.n_heads)]
+    head_dropdown = W.Dropdown(options=options, value=head, description="query head", style=STYLE)
+    log_box = W.Checkbox(value=log_scale, description="log scale", style=STYLE)
+    return panel({"layer": layer_slider, "head": head_dropdown, "log_scale": log_box},
+                 lambda layer, head, log_scale: attention_view(trace, config, layer, head, log_scale),
+                 lambda view: attention_view_figure(view, labels, config.group_size),
+                 title="attention of a real model, head by head")

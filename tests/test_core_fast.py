@@ -1,0 +1,115 @@
+"""The fast path (core/fast.py) equals the reference (core/model.py), on models whose weights are
+NOT shared between the two sides: the fast side runs on a deep copy, so a bug that reads the
+wrong slice of a fused array, or writes into a shared one, cannot hide behind identical memory."""
+import copy
+
+import numpy as np
+import pytest
+
+import tinydecoder as td
+from tinydecoder.core.toy import random_model
+from tinydecoder.serving.paged import PagedKVPool
+
+CONFIGS = {
+    "gqa-rope": td.Config(vocab_size=50, d_model=24, n_heads=6, n_kv_heads=2, head_dim=8, n_layers=3, d_ff=40,
+                          max_context=256, position="rope", norm_eps=1e-5, tied_embeddings=True),
+    "mha-table": td.Config(vocab_size=40, d_model=16, n_heads=4, n_kv_heads=4, head_dim=4, n_layers=2, d_ff=24,
+                           max_context=64, position="table"),
+    "mqa-interleaved": td.Config(vocab_size=30, d_model=20, n_heads=5, n_kv_heads=1, head_dim=6, n_layers=2, d_ff=16,
+                                 max_context=64, position="rope", rope_layout="interleaved"),
+}
+TOL = 1e-10
+
+
+@pytest.fixture(params=sorted(CONFIGS))
+def pair(request):
+    """(reference model, fast model): equal weights, distinct arrays."""
+    reference = random_model(CONFIGS[request.param], seed=11, dtype=np.float64)
+    fast = copy.deepcopy(reference)
+    assert not np.shares_memory(fast.layers[0].w_qkv, reference.layers[0].w_qkv)
+    return reference, fast
+
+
+def ids(model, n, seed=0):
+    return np.random.default_rng(seed).integers(0, model.config.vocab_size, n).tolist()
+
+
+def test_prefill_and_decode_steps(pair):
+    reference, fast = pair
+    prompt = ids(reference, 9)
+    ref_cache, fast_cache = reference.new_cache(), fast.new_cache()
+    np.testing.assert_allclose(td.forward_fast(fast, prompt, fast_cache), td.forward(reference, prompt, ref_cache),
+                               rtol=0, atol=TOL)
+    for token in ids(reference, 5, seed=1):
+        np.testing.assert_allclose(td.forward_fast(fast, [token], fast_cache),
+                                   td.forward(reference, [token], ref_cache), rtol=0, atol=TOL)
+    np.testing.assert_allclose(fast_cache.k[-1][:len(fast_cache)], ref_cache.k[-1][:len(ref_cache)], rtol=0, atol=TOL)
+
+
+def test_last_only_and_chunks(pair):
+    reference, fast = pair
+    prompt = ids(reference, 12, seed=2)
+    ref_cache, fast_cache = reference.new_cache(), fast.new_cache()
+    for a, b in [(0, 5), (5, 6), (6, 12)]:  # a prefill, one token, a chunk
+        got = td.forward_fast(fast, prompt[a:b], fast_cache, last_only=True)
+        want = td.forward(reference, prompt[a:b], ref_cache, last_only=True)
+        assert got.shape == want.shape == (1, reference.config.vocab_size)
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
+
+
+def test_batched_calls_of_unequal_lengths(pair):
+    reference, fast = pair
+    prompts = [ids(reference, n, seed=n) for n in (7, 1, 4)]
+    fast_caches = [fast.new_cache() for _ in prompts]
+    ref_caches = [reference.new_cache() for _ in prompts]
+    for last_only in (False, True):
+        batch = prompts if not last_only else [[3], [1, 2], [4]]
+        got = td.forward_batch(fast, batch, fast_caches, last_only=last_only)
+        for g, p, c in zip(got, batch, ref_caches):
+            np.testing.assert_allclose(g, td.forward(reference, p, c, last_only=last_only), rtol=0, atol=TOL)
+
+
+def test_paged_cache_on_the_fast_path(pair):
+    reference, fast = pair
+    pool = PagedKVPool(fast.config, n_blocks=16, block_size=4, dtype=np.float64)
+    seq, ref_cache = pool.new_sequence(), reference.new_cache()
+    prompt = ids(reference, 10, seed=3)
+    np.testing.assert_allclose(td.forward_fast(fast, prompt, seq), td.forward(reference, prompt, ref_cache),
+                               rtol=0, atol=TOL)
+    np.testing.assert_allclose(td.forward_fast(fast, [1], seq), td.forward(reference, [1], ref_cache), rtol=0, atol=TOL)
+
+
+def test_generation_is_the_same_either_way(pair):
+    reference, fast = pair
+    prompt = ids(reference, 6, seed=4)
+    cache, tokens = reference.new_cache(), list(prompt)
+    for _ in range(6):  # the reference forward, step by step, greedy
+        logits = td.forward(reference, tokens[len(cache):], cache)[-1]
+        tokens.append(td.greedy(logits))
+    assert td.generate(fast, prompt, 6).tokens == tokens
+
+
+def test_float32_agrees_to_float_rounding():
+    reference = random_model(CONFIGS["gqa-rope"], seed=3, dtype=np.float32)
+    fast = copy.deepcopy(reference)
+    prompt = ids(reference, 20)
+    got, want = td.forward_fast(fast, prompt), td.forward(reference, prompt)
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_broken_fast_path_is_caught(pair, monkeypatch):
+    """The comparison can fail: swap K and V in the fast path's split and it does."""
+    reference, fast = pair
+    from tinydecoder.core import fast as fast_module
+    real_split = np.split
+
+    def swapped(array, sections, axis=0):
+        parts = real_split(array, sections, axis=axis)
+        if len(parts) == 3:
+            parts[1], parts[2] = parts[2], parts[1]
+        return parts
+
+    monkeypatch.setattr(fast_module.np, "split", swapped)
+    prompt = ids(reference, 5)
+    assert np.max(np.abs(td.forward_fast(fast, prompt) - td.forward(reference, prompt))) > 1e-3
