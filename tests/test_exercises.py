@@ -5,14 +5,15 @@ from tinydecoder.lessons.exercises import check, matches
 
 
 def test_placeholder_prints_hint(capsys):
-    assert check("rows", None, 14, hint="one row per layer") is False
+    assert check("rows", None, 14, hint="one row per layer") is None
     assert capsys.readouterr().out == "[rows] not answered yet. Hint: one row per layer\n"
-    assert check("rows", ..., 14, hint="h") is False
+    check("rows", ..., 14, hint="h")
+    assert capsys.readouterr().out == "[rows] not answered yet. Hint: h\n"
 
 
 def test_right_and_wrong_answers(capsys):
-    assert check("rows", 14, 14, hint="h") is True
-    assert check("rows", 15, 14, hint="look at the cache") is False
+    check("rows", 14, 14, hint="h")
+    check("rows", 15, 14, hint="look at the cache")
     out = capsys.readouterr().out.splitlines()
     assert out == ["[rows] correct.", "[rows] not quite: you answered 15. Hint: look at the cache"]
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinydecoder import Config, forward, forward_batch, generate, random_model, toy_model
-from tinydecoder.serving.paged import PagedKV, PagedKVPool, PoolExhaustedError, block_hash, block_hashes
+from tinydecoder.serving.backends import PagedKV
+from tinydecoder.serving.paged import PagedKVPool, PoolExhaustedError, block_hash, block_hashes
 
 TOY = toy_model()  # float64, table positions, Hq=2, Hkv=1
 ROPE_CFG = Config(vocab_size=11, d_model=16, n_heads=4, n_kv_heads=2, head_dim=8, n_layers=2, d_ff=24,
@@ -308,36 +309,36 @@ def test_scheduler_backend_matches_generate():
 
 
 # ------------------------------------------------------------------ memory on a request trace
-from tinydecoder.serving.paged import (  # noqa: E402
+from tinydecoder.lessons.memory_replay import (  # noqa: E402
     ContiguousArena,
-    TraceRequest,
+    WorkloadRequest,
     block_size_view,
     first_fit_replay,
     paged_replay,
-    request_trace,
-    trace_memory,
+    request_workload,
+    workload_memory,
 )
 
 
 def test_request_trace_is_seeded_and_sane():
-    a, b = request_trace(12, seed=5), request_trace(12, seed=5)
-    assert a == b and a != request_trace(12, seed=6)
+    a, b = request_workload(12, seed=5), request_workload(12, seed=5)
+    assert a == b and a != request_workload(12, seed=6)
     assert a[0].arrival == 0 and all(x.arrival <= y.arrival for x, y in zip(a, a[1:]))
     assert all(2 <= r.prompt_len <= 24 and 1 <= r.output_len <= r.max_new_tokens == 24 for r in a)
-    r = TraceRequest(0, arrival=3, prompt_len=5, output_len=4, max_new_tokens=6)
+    r = WorkloadRequest(0, arrival=3, prompt_len=5, output_len=4, max_new_tokens=6)
     assert [r.length_at(t) for t in range(2, 8)] == [0, 5, 6, 7, 8, 0]
     assert r.positions_needed == 10 and r.last_step == 6
     with pytest.raises(ValueError, match="prompt_range"):
-        request_trace(3, prompt_range=(0, 4))
+        request_workload(3, prompt_range=(0, 4))
 
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 1000), block=st.sampled_from([1, 3, 4, 16]))
 def test_trace_memory_paged_waste_is_under_one_block_per_sequence(seed, block):
-    trace = request_trace(10, seed=seed)
-    mem = trace_memory(trace, block)
-    live = np.array([sum(1 for r in trace if r.length_at(t)) for t in mem.steps])
-    assert mem.tokens.tolist() == [sum(r.length_at(t) for r in trace) for t in mem.steps]
+    workload = request_workload(10, seed=seed)
+    mem = workload_memory(workload, block)
+    live = np.array([sum(1 for r in workload if r.length_at(t)) for t in mem.steps])
+    assert mem.tokens.tolist() == [sum(r.length_at(t) for r in workload) for t in mem.steps]
     assert np.all(mem.paged_waste >= 0) and np.all(mem.paged_waste <= (block - 1) * live)
     assert np.all(mem.seq_waste < block)
     assert np.all(mem.reserved >= mem.tokens)
@@ -348,7 +349,7 @@ def test_trace_memory_paged_waste_is_under_one_block_per_sequence(seed, block):
     for t in (0, len(mem.steps) // 2):  # tables: live requests have ceil(len / B) distinct blocks
         tab = mem.tables[t]
         held = tab[tab >= 0]
-        assert len(held) == len(set(held.tolist())) == sum(-(-r.length_at(t) // block) for r in trace)
+        assert len(held) == len(set(held.tolist())) == sum(-(-r.length_at(t) // block) for r in workload)
 
 
 def test_contiguous_arena_first_fit_and_holes():
@@ -365,21 +366,21 @@ def test_contiguous_arena_first_fit_and_holes():
 
 
 def test_replays_contiguous_vs_paged():
-    trace = request_trace(20, seed=0, mean_gap=2.0)
-    mem = trace_memory(trace, 4)
-    roomy = first_fit_replay(trace, sum(r.positions_needed for r in trace))
+    workload = request_workload(20, seed=0, mean_gap=2.0)
+    mem = workload_memory(workload, 4)
+    roomy = first_fit_replay(workload, sum(r.positions_needed for r in workload))
     assert roomy["admitted"] == 20 and not roomy["rejected"]
     assert ((roomy["states"] == 2).sum(axis=1) == mem.tokens).all()
     assert ((roomy["states"] > 0).sum(axis=1) == mem.reserved).all()
     arena = int(mem.paged_slots.max())  # exactly what paging needs at its peak
-    tight = first_fit_replay(trace, arena)
+    tight = first_fit_replay(workload, arena)
     assert tight["admitted"] < 20
     for r in tight["rejected"]:
         assert r["largest_hole"] < r["need"]
         assert r["fragmentation"] == (r["free"] >= r["need"])
-    paged = paged_replay(trace, arena // 4, 4)
+    paged = paged_replay(workload, arena // 4, 4)
     assert paged["admitted"] == 20 and not paged["exhausted"] and paged["free_blocks"].min() == 0
-    starved = paged_replay(trace, 10, 4)
+    starved = paged_replay(workload, 10, 4)
     assert starved["admitted"] < 20
 
 
@@ -388,12 +389,12 @@ def test_block_size_view_and_figures():
 
     from tinydecoder import viz, widgets
 
-    trace = request_trace(8, seed=1)
-    view = block_size_view(trace, 4, 5)
-    mem = trace_memory(trace, 4)
+    workload = request_workload(8, seed=1)
+    view = block_size_view(workload, 4, 5)
+    mem = workload_memory(workload, 4)
     assert view["tokens"] == mem.tokens[5] and view["paged_waste"] == mem.paged_waste[5]
     assert view["table"].shape[0] == 8 and view["max_seq_waste"] <= 3
-    assert block_size_view(trace, 4, 10_000)["step"] == len(mem.steps) - 1
+    assert block_size_view(workload, 4, 10_000)["step"] == len(mem.steps) - 1
     fig = widgets.block_size_figure(view | {"block_size": 4})
     assert "waste" in fig.axes[0].get_title()
     plt.close(fig)
@@ -402,7 +403,7 @@ def test_block_size_view_and_figures():
     assert im.colorbar is not None and ax.get_xlabel() == "logical block"
     assert sum(isinstance(p, plt.Rectangle) and p.get_edgecolor()[0] == 1.0 for p in ax.patches) >= 2
     viz.memory_map(ax, mem.pool_map, slots_per_block=4)
-    viz.trace_memory_lines(ax, mem)
+    viz.workload_memory_lines(ax, mem)
     plt.close(fig)
     with pytest.raises(ValueError, match="2-D"):
         viz.block_table_heatmap(ax, [1, 2])
@@ -411,14 +412,14 @@ def test_block_size_view_and_figures():
 def test_block_size_widget_redraws_on_slider():
     from tinydecoder.widgets import block_size_widget
 
-    trace = request_trace(8, seed=1)
-    box = block_size_widget(trace, 5)
+    workload = request_workload(8, seed=1)
+    box = block_size_widget(workload, 5)
     assert box.controls["block_size"].description == "block size"
     assert box.data["block_size"] == 4
     box.controls["block_size"].value = 1
     assert box.data["paged_waste"] == 0 and box.data["block_size"] == 1
     box.controls["block_size"].value = 16
-    assert box.data["paged_waste"] == block_size_view(trace, 16, 5)["paged_waste"] > 0
+    assert box.data["paged_waste"] == block_size_view(workload, 16, 5)["paged_waste"] > 0
 
 
 def test_truncate_then_continue_matches_contiguous_and_forgets_partial_prefix():

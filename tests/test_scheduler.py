@@ -238,7 +238,7 @@ def test_bad_requests_are_clear_errors():
 
 
 # ------------------------------------------------------------------ on the paged KV cache
-from tinydecoder.serving.paged import PagedKV  # noqa: E402
+from tinydecoder.serving.backends import PagedKV  # noqa: E402
 
 SYSTEM = [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 1, 3]  # a shared "system prompt" of 14 tokens
 

@@ -24,7 +24,10 @@ def int_at_least(name: str, value, low: int = 1) -> int:
 
 
 def positive_int(name: str, value) -> int:
-    return int_at_least(name, value, 1)
+    """`value` as an int; a ValueError naming `name` unless it is an integer >= 1."""
+    if not is_int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive integer (an integer >= 1), got {value!r}")
+    return int(value)
 
 
 def number_at_least(name: str, value, low: float = 0.0, *, strict: bool = False) -> float:

@@ -31,19 +31,19 @@ def matches(answer, expected, rtol: float = 1e-6, atol: float = 0.0) -> bool:
     return bool(np.array_equal(a, e)) if a.shape == e.shape else False
 
 
-def check(name: str, answer, expected, *, hint: str, rtol: float = 1e-6, atol: float = 0.0) -> bool:
-    """Print whether `answer` equals `expected` (numbers within rtol/atol). Returns True if so.
+def check(name: str, answer, expected, *, hint: str, rtol: float = 1e-6, atol: float = 0.0) -> None:
+    """Print whether `answer` equals `expected` (numbers within rtol/atol). Returns nothing, so
+    that a notebook cell ending with it shows only the printed line (`matches` gives the bool).
 
     An unanswered placeholder (None or ...) prints the hint; a wrong answer prints what was
     given and the hint, never the expected value."""
     if any(answer is x for x in NOT_ANSWERED):
         print(f"[{name}] not answered yet. Hint: {hint}")
-        return False
+        return
     if matches(answer, expected, rtol=rtol, atol=atol):
         print(f"[{name}] correct.")
-        return True
+        return
     shown = repr(answer)
     if len(shown) > 60:
         shown = shown[:57] + "..."
     print(f"[{name}] not quite: you answered {shown}. Hint: {hint}")
-    return False

@@ -14,10 +14,10 @@ The token budget caps the rows of one batch; a long prompt is cut into chunks so
 other requests keep flowing (chunked prefill). When a request has its `max_new_tokens` (or
 picks a stop token) it finishes and its KV memory goes back to the pool at once.
 
-KV memory is behind a small interface, a *backend* (fits_empty, can_admit, admit -> (cache,
-cached prompt tokens), prefilled, release, free_blocks, total_blocks, block_size):
+KV memory is behind a small interface, `backends.KVBackend` (fits_empty, can_admit, admit ->
+(cache, cached prompt tokens), prefilled, release, free_blocks, total_blocks, block_size):
 `ContiguousKV` reserves one plain `KVCache` per request for all positions it can reach;
-`tinydecoder.paged.PagedKV(model, n_blocks, block_size)` takes blocks from a shared pool as
+`backends.PagedKV(model, n_blocks, block_size)` takes blocks from a shared pool as
 positions are written and reuses cached prompt prefixes (a request then prefills only the
 tokens after its longest cached full-block prefix).
 
@@ -25,7 +25,7 @@ Each request gets exactly what `generate(model, prompt, max_new_tokens)` gives i
 (greedy): the batch only stacks rows; attention stays per sequence.
 
     from tinydecoder import toy_model
-    from tinydecoder.scheduler import Request, run_schedule, run_one_at_a_time
+    from tinydecoder.serving.scheduler import Request, run_schedule, run_one_at_a_time
     reqs = [Request([0, 1, 2, 3], 4, arrival=0), Request([5, 4, 3], 3, arrival=1)]
     sched = run_schedule(toy_model(), reqs, token_budget=4)
     sched.results[0].tokens            # [3, 2, 0, 4], as generate() gives
@@ -47,6 +47,8 @@ import numpy as np
 from ..core.fast import forward_batch
 from ..core.model import Model, check_token_ids
 from ..core.sampling import greedy
+from ..core.validate import int_at_least, is_int
+from .backends import ContiguousKV
 
 PREFILL, DECODE = "prefill", "decode"
 POLICIES = ("decode_first", "prefill_first")
@@ -67,9 +69,7 @@ class Request:
         object.__setattr__(self, "prompt", tuple(int(t) for t in np.asarray(self.prompt).ravel()))
         for f, low in (("max_new_tokens", 1), ("arrival", 0)):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-                raise ValueError(f"Request.{f} must be an integer >= {low}, got {v!r}")
-            object.__setattr__(self, f, int(v))
+            object.__setattr__(self, f, int_at_least(f"Request.{f}", v, low))
         if not self.prompt:
             raise ValueError("Request.prompt is empty: at least one token id is needed")
 
@@ -77,49 +77,6 @@ class Request:
     def positions_needed(self) -> int:
         """KV rows it can reach: the prompt plus every chosen token but the last (never fed)."""
         return len(self.prompt) + self.max_new_tokens - 1
-
-
-# ------------------------------------------------------------------------------ backends
-class ContiguousKV:
-    """KV memory as one plain `KVCache` per request, reserved whole at admission for
-    `prompt + max_new_tokens - 1` positions (the way a server without paging must reserve).
-
-    capacity_tokens: KV rows the pool holds (None: unlimited). A "block" here is one row."""
-
-    block_size = 1
-
-    def __init__(self, model: Model, capacity_tokens: int | None = None):
-        if capacity_tokens is not None and (isinstance(capacity_tokens, bool) or capacity_tokens < 1):
-            raise ValueError(f"capacity_tokens must be an integer >= 1 or None, got {capacity_tokens!r}")
-        self.model = model
-        self.total_blocks = capacity_tokens
-        self.reserved = {}  # id(cache) -> rows reserved
-
-    @property
-    def used_blocks(self) -> int:
-        return sum(self.reserved.values())
-
-    @property
-    def free_blocks(self):
-        return None if self.total_blocks is None else self.total_blocks - self.used_blocks
-
-    def fits_empty(self, request: Request) -> bool:
-        return self.total_blocks is None or request.positions_needed <= self.total_blocks
-
-    def can_admit(self, request: Request) -> bool:
-        return self.total_blocks is None or request.positions_needed <= self.free_blocks
-
-    def admit(self, request: Request):
-        """-> (cache, cached_tokens): an empty cache reserved for the whole request."""
-        cache = self.model.new_cache(capacity=request.positions_needed)
-        self.reserved[id(cache)] = request.positions_needed
-        return cache, 0
-
-    def prefilled(self, cache, prompt) -> None:
-        """Called once the whole prompt is in `cache` (a paged backend registers its blocks)."""
-
-    def release(self, cache) -> None:
-        self.reserved.pop(id(cache))
 
 
 # ------------------------------------------------------------------------------ records
@@ -254,12 +211,115 @@ class _Running:
         return self.fed == len(self.request.prompt)
 
 
+@dataclass
+class _Engine:
+    """The engine's state between steps, and its two halves: plan (who runs, how many rows)
+    and apply (one forward_batch call, then tokens, finishes and released memory)."""
+
+    requests: list
+    backend: object
+    token_budget: int | None
+    max_running: int | None
+    chunk_size: int | None
+    policy: str
+    arrivals: deque = field(default_factory=deque)
+    waiting: deque = field(default_factory=deque)
+    running: list = field(default_factory=list)
+    results: list = field(default_factory=list)
+
+    def plan(self, step: int) -> list:
+        """This step's batch: [(_Running, phase, n_tokens)]; admits waiting requests (FCFS)."""
+        while self.arrivals and self.requests[self.arrivals[0]].arrival <= step:
+            self.waiting.append(self.arrivals.popleft())
+        self._budget = float("inf") if self.token_budget is None else self.token_budget
+        plan = []
+        if self.policy == "decode_first":
+            self._plan_decodes(plan)
+        for run in self.running:  # prefill chunks of admitted requests, oldest first
+            if not run.decoding and self._budget > 0:
+                self._plan_chunk(plan, run)
+        while self.waiting and self._budget > 0 and len(self.running) < (self.max_running or float("inf")):
+            if not self.backend.can_admit(self.requests[self.waiting[0]]):
+                break  # first come, first served: it blocks those behind it
+            self._plan_chunk(plan, self._admit(self.waiting.popleft(), step))
+        if self.policy == "prefill_first":
+            self._plan_decodes(plan)  # what is left of the budget; the rest wait (their TPOT grows)
+        return plan
+
+    def _plan_decodes(self, plan):  # every decoding request: one token each, while the budget lasts
+        for run in self.running:
+            if run.decoding and self._budget > 0:
+                plan.append((run, DECODE, 1))
+                self._budget -= 1
+
+    def _plan_chunk(self, plan, run):
+        left = len(run.request.prompt) - run.fed
+        n = int(min(left, self._budget, self.chunk_size or left))
+        plan.append((run, PREFILL, n))
+        self._budget -= n
+
+    def _admit(self, i: int, step: int) -> _Running:
+        request, backend = self.requests[i], self.backend
+        cache, cached = backend.admit(request)
+        if not 0 <= cached < len(request.prompt) or len(cache) != cached:
+            raise RuntimeError(f"backend {type(backend).__name__} admitted request {i} with {cached} cached "
+                               f"tokens and a cache of {len(cache)} positions; it must hold 0 <= cached < "
+                               f"{len(request.prompt)} (the prompt) positions, the same in both")
+        self.results[i].admitted, self.results[i].cached_tokens = step, cached
+        run = _Running(i, request, cache, cached, self.results[i])
+        self.running.append(run)
+        return run
+
+    def apply(self, model, plan, step, sampler, stop_tokens) -> list:
+        """Run the planned batch in ONE forward_batch call; returns the step's Work entries."""
+        ids, caches, entries = [], [], []
+        for run, phase, n in plan:
+            if phase == DECODE:
+                ids.append([run.result.tokens[-1]])
+            else:
+                ids.append(list(run.request.prompt[run.fed:run.fed + n]))
+                run.result.prefill_chunks.append((step, n))
+            caches.append(run.cache)
+            entries.append(Work(run.index, phase, n, len(run.cache)))
+        logits = forward_batch(model, ids, caches, last_only=True)  # one pass for the batch
+        for (run, phase, n), out in zip(plan, logits):
+            if phase == PREFILL:
+                run.fed += n
+                if not run.decoding:
+                    continue  # a middle chunk: its logits pick nothing
+                self.backend.prefilled(run.cache, run.request.prompt)
+                run.result.first_token_step = step
+            token = int(sampler(out[-1]))
+            run.result.tokens.append(token)
+            run.result.logits.append(out[-1])
+            if len(run.result.tokens) == run.request.max_new_tokens or token in stop_tokens:
+                run.result.finish_step = step
+                self.backend.release(run.cache)
+                run.cache = None
+        self.running = [run for run in self.running if run.cache is not None]
+        return entries
+
+
 def _check_limit(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if value is not None and not (is_int(value) and value >= 1):
         raise ValueError(f"{name} must be an integer >= 1 or None (no limit), got {value!r}")
-    return int(value)
+    return None if value is None else int(value)
+
+
+def _check_requests(model, requests, backend) -> list:
+    requests = [r if isinstance(r, Request) else Request(*r) for r in requests]
+    if not requests:
+        raise ValueError("no requests to serve")
+    cfg = model.config
+    for i, r in enumerate(requests):
+        check_token_ids(cfg, r.prompt)
+        if r.positions_needed > cfg.max_context:
+            raise ValueError(f"request {i}: a {len(r.prompt)}-token prompt plus {r.max_new_tokens} new tokens "
+                             f"needs {r.positions_needed} positions, but the context limit is {cfg.max_context}")
+        if not backend.fits_empty(r):
+            raise ValueError(f"request {i} needs {r.positions_needed} KV positions, more than the whole pool "
+                             f"holds ({backend.total_blocks} blocks of {backend.block_size}); it could never run")
+    return requests
 
 
 def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_running: int | None = None,
@@ -274,9 +334,8 @@ def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_ru
     chunk_size:   most prompt tokens one request prefills in one step (None: up to the budget)
     policy:       "decode_first" (running decodes, then prefill chunks: a decode never waits)
                   or "prefill_first" (prompts first, decodes get what is left: they can stall)
-    backend:      KV memory (default ContiguousKV(model) with an unlimited pool)
+    backend:      KV memory, a backends.KVBackend (default ContiguousKV(model), unlimited)
     """
-    cfg = model.config
     token_budget = _check_limit("token_budget", token_budget)
     max_running = _check_limit("max_running", max_running)
     chunk_size = _check_limit("chunk_size", chunk_size)
@@ -287,105 +346,25 @@ def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_ru
     if token_budget is not None and max_running > token_budget:
         raise ValueError(f"max_running ({max_running}) must be <= token_budget ({token_budget}): every "
                          f"running request decodes one token per step, and they must fit in the batch")
-    requests = [r if isinstance(r, Request) else Request(*r) for r in requests]
-    if not requests:
-        raise ValueError("no requests to serve")
     backend = ContiguousKV(model) if backend is None else backend
-    for i, r in enumerate(requests):
-        check_token_ids(cfg, r.prompt)
-        if r.positions_needed > cfg.max_context:
-            raise ValueError(f"request {i}: a {len(r.prompt)}-token prompt plus {r.max_new_tokens} new tokens "
-                             f"needs {r.positions_needed} positions, but the context limit is {cfg.max_context}")
-        if not backend.fits_empty(r):
-            raise ValueError(f"request {i} needs {r.positions_needed} KV positions, more than the whole pool "
-                             f"holds ({backend.total_blocks} blocks of {backend.block_size}); it could never run")
-
-    results = [RequestResult(r) for r in requests]
-    arrivals = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)))
-    waiting, running, steps = deque(), [], []
-    step = 0
-    while arrivals or waiting or running:
+    requests = _check_requests(model, requests, backend)
+    engine = _Engine(requests, backend, token_budget, max_running, chunk_size, policy,
+                     arrivals=deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))),
+                     results=[RequestResult(r) for r in requests])
+    steps, step = [], 0
+    while engine.arrivals or engine.waiting or engine.running:
         if step >= max_steps:
             raise RuntimeError(f"the schedule did not finish within max_steps={max_steps}")
         t0 = time.perf_counter() if record_wall else None
-        while arrivals and requests[arrivals[0]].arrival <= step:
-            waiting.append(arrivals.popleft())
-        budget = float("inf") if token_budget is None else token_budget
-        plan = []  # (_Running, phase, n_tokens)
-
-        def chunk(run):
-            left = len(run.request.prompt) - run.fed
-            return int(min(left, budget, chunk_size or left))
-
-        def schedule_decodes():  # every decoding request: one token each, while the budget lasts
-            nonlocal budget
-            for run in running:
-                if run.decoding and budget > 0:
-                    plan.append((run, DECODE, 1))
-                    budget -= 1
-
-        if policy == "decode_first":
-            schedule_decodes()
-        for run in running:  # prefill chunks of admitted requests, oldest first
-            if not run.decoding and budget > 0:
-                n = chunk(run)
-                plan.append((run, PREFILL, n))
-                budget -= n
-        while waiting and budget > 0 and len(running) < (max_running or float("inf")):  # admit, FCFS
-            i = waiting[0]
-            if not backend.can_admit(requests[i]):
-                break
-            waiting.popleft()
-            cache, cached = backend.admit(requests[i])
-            if not 0 <= cached < len(requests[i].prompt) or len(cache) != cached:
-                raise RuntimeError(f"backend {type(backend).__name__} admitted request {i} with {cached} cached "
-                                   f"tokens and a cache of {len(cache)} positions; it must hold 0 <= cached < "
-                                   f"{len(requests[i].prompt)} (the prompt) positions, the same in both")
-            results[i].admitted, results[i].cached_tokens = step, cached
-            run = _Running(i, requests[i], cache, cached, results[i])
-            running.append(run)
-            n = chunk(run)
-            plan.append((run, PREFILL, n))
-            budget -= n
-        if policy == "prefill_first":
-            schedule_decodes()  # what is left of the budget; the rest wait (their TPOT grows)
-
-        entries = []
-        if plan:
-            ids, caches = [], []
-            for run, phase, n in plan:
-                if phase == DECODE:
-                    ids.append([run.result.tokens[-1]])
-                else:
-                    ids.append(list(run.request.prompt[run.fed:run.fed + n]))
-                    run.result.prefill_chunks.append((step, n))
-                caches.append(run.cache)
-                entries.append(Work(run.index, phase, n, len(run.cache)))
-            n_running = len(running)
-            logits = forward_batch(model, ids, caches, last_only=True)  # one pass for the batch
-            for (run, phase, n), out in zip(plan, logits):
-                if phase == PREFILL:
-                    run.fed += n
-                    if not run.decoding:
-                        continue  # a middle chunk: its logits pick nothing
-                    backend.prefilled(run.cache, run.request.prompt)
-                    run.result.first_token_step = step
-                token = int(sampler(out[-1]))
-                run.result.tokens.append(token)
-                run.result.logits.append(out[-1])
-                if len(run.result.tokens) == run.request.max_new_tokens or token in stop_tokens:
-                    run.result.finish_step = step
-                    backend.release(run.cache)
-                    run.cache = None
-            running = [run for run in running if run.cache is not None]
-        else:
-            n_running = 0
-            if waiting:  # nothing runs, so nothing will ever free the memory it waits for
-                raise RuntimeError("the engine is stuck: waiting requests cannot be admitted into an empty pool")
+        plan = engine.plan(step)
+        n_running = len(engine.running) if plan else 0
+        if not plan and engine.waiting:  # nothing runs, so nothing will ever free the memory it waits for
+            raise RuntimeError("the engine is stuck: waiting requests cannot be admitted into an empty pool")
+        entries = engine.apply(model, plan, step, sampler, stop_tokens) if plan else []
         wall = (time.perf_counter() - t0) if record_wall else None
-        steps.append(Step(step, entries, len(waiting), n_running, backend.free_blocks, wall))
+        steps.append(Step(step, entries, len(engine.waiting), n_running, backend.free_blocks, wall))
         step += 1
-    return Schedule(requests, steps, results, token_budget, max_running)
+    return Schedule(requests, steps, engine.results, token_budget, max_running)
 
 
 def run_one_at_a_time(model: Model, requests, *, backend=None, sampler=greedy, stop_tokens=(),

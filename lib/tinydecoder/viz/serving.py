@@ -244,8 +244,8 @@ def memory_map(ax, states, title=None, *, slots_per_block=None, xlabel="memory s
     return im
 
 
-def trace_memory_lines(ax, memory, title=None):
-    """Positions held vs contiguous reservation vs paged slots over a trace (a TraceMemory);
+def workload_memory_lines(ax, memory, title=None):
+    """Positions held vs contiguous reservation vs paged slots over a trace (a WorkloadMemory);
     the gaps above the held line are waste."""
     steps = memory.steps
     ax.plot(steps, memory.reserved, color="C3", label="contiguous: reserved slots")

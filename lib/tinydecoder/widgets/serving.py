@@ -229,13 +229,13 @@ def block_size_figure(view):
     return fig
 
 
-def block_size_widget(trace, step, sizes=(1, 2, 4, 8, 16, 32), value=4):
-    """Slider "block size": the block tables of the running requests at `step` of the trace, and
+def block_size_widget(workload, step, sizes=(1, 2, 4, 8, 16, 32), value=4):
+    """Slider "block size": the block tables of the running requests at `step` of the workload, and
     the waste (allocated slots - positions) of paging vs contiguous reservation."""
-    from ..serving.paged import block_size_view
+    from ..lessons.memory_replay import block_size_view
 
     slider = W.SelectionSlider(options=list(sizes), value=value, description="block size",
                                continuous_update=False, style=STYLE)
     return panel({"block_size": slider},
-                 lambda block_size: block_size_view(trace, block_size, step) | {"block_size": block_size},
+                 lambda block_size: block_size_view(workload, block_size, step) | {"block_size": block_size},
                  block_size_figure, title="paged KV cache: block size vs waste")
