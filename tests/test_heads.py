@@ -1,4 +1,4 @@
-"""GQA helpers of notebook 04 (tinydecoder.lessons.heads)."""
+"""GQA helpers of notebook 05 (tinydecoder.lessons.heads)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -1,4 +1,4 @@
-"""Plots and widgets of notebooks 10 and 11 (chunked prefill, continuous batching): the pure data
+"""Plots and widgets of notebooks 18 and 11 (chunked prefill, continuous batching): the pure data
 functions return the right numbers for given control values, the figures draw what they claim,
 and the widgets' controls drive the data."""
 import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""viz additions for notebooks 04-06: the GQA head mapping and the KV-cache strip."""
+"""viz additions for notebooks 05-06: the GQA head mapping and the KV-cache strip."""
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest

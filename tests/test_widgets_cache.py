@@ -1,4 +1,4 @@
-"""Widgets of notebooks 04-06: their pure data functions, and the builders driven by setting
+"""Widgets of notebooks 05-06: their pure data functions, and the builders driven by setting
 slider values (no browser)."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Grouped-query attention, looked at head by head (notebook 04).
+"""Grouped-query attention, looked at head by head (notebook 05).
 
 Hq query heads share Hkv key/value heads: query head h reads KV head h // (Hq // Hkv).
 Hkv = Hq is multi-head attention (MHA), Hkv = 1 multi-query attention (MQA), anything in

@@ -1,4 +1,4 @@
-"""Prefill and decode side by side, and the KV cache step by step (notebooks 05 and 06).
+"""Prefill and decode side by side, and the KV cache step by step (notebooks 06 and 06).
 
 Prefill runs the S prompt positions through every layer at once; a decode step runs one
 new position and reads the T - 1 earlier ones from the cache. Everything here is computed

@@ -1,4 +1,4 @@
-"""RoPE taken apart (notebook 13): which coordinates form a pair, the two layouts, the score
+"""RoPE taken apart (notebook 04): which coordinates form a pair, the two layouts, the score
 that depends only on distance, and two cache bugs.
 
 The library's `ops.apply_rope(x, positions, base, layout)` rotates pair i of every head by

@@ -97,7 +97,7 @@ def cache_strip(ax, context, cache_before, cache_after, weights=None, title=None
     if title:
         ax.set_title(title)
     return labels
-# ----------------------------------------------------------------------------- 07: a real model
+# ----------------------------------------------------------------------------- 08: a real model
 
 LOG_FLOOR = 1e-4  # log-scale attention maps clip visible weights below this
 

@@ -8,7 +8,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from .common import MASK_COLOR, MASK_HATCH, MAX_TICKS, heatmap  # noqa: F401
 
-# ----------------------------------------------------------------------------- 10: chunked prefill
+# ----------------------------------------------------------------------------- 18: chunked prefill
 
 CACHED_KEY_COLOR, CHUNK_KEY_COLOR = "#6baed6", "#fd8d3c"  # keys read from the cache / of the chunk itself
 
@@ -93,7 +93,7 @@ def chunk_overview(ax, n_tokens, chunk_size, past=0, labels=None, *, title=None,
     if colorbar:
         _two_colour_bar(ax.figure, im, ax)
     return im
-# ----------------------------------------------------------------------------- 11: continuous batching
+# ----------------------------------------------------------------------------- 19: continuous batching
 
 def schedule_timeline(ax, schedule, *, names=None, title=None, annotate=True):
     """A Gantt chart of a scheduler.Schedule: one row per request, one column per engine step.
@@ -191,7 +191,7 @@ def ttft_bars(ax, schedules, *, metric="ttft", title=None):
     if title:
         ax.set_title(title)
     return values
-# ----------------------------------------------------------------------------- 08-09: KV memory
+# ----------------------------------------------------------------------------- 16-17: KV memory
 
 MEMORY_STATES = ("free", "allocated, empty", "holding a position")
 MEMORY_COLORS = ("#f4f4f4", "#f4a261", "#2a9d8f")

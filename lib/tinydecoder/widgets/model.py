@@ -148,7 +148,7 @@ def layer_widget(model, token_ids):
 
     return panel({"layer": layer, "name": tensor}, compute,
                  lambda d: layer_tensor_figure(d["name"], d["tensor"], d["layer"], ids))
-# ----------------------------------------------------------------------------- 04: KV heads
+# ----------------------------------------------------------------------------- 05: KV heads
 
 def kv_heads_view(config, n_kv_heads, itemsize=4):
     """What `config`'s query heads look like with `n_kv_heads` KV heads (a divisor of Hq):
@@ -199,7 +199,7 @@ def kv_heads_widget(config, itemsize=4):
                                description="KV heads", continuous_update=False, style=STYLE)
     return panel({"n_kv_heads": slider}, lambda n_kv_heads: kv_heads_view(config, n_kv_heads, itemsize),
                  kv_heads_figure)
-# ----------------------------------------------------------------------------- 05: prefill vs decode
+# ----------------------------------------------------------------------------- 06: prefill vs decode
 
 def phase_view(model, tokens, prompt_length, layer=0, batch=1):
     """Prefill the first `prompt_length` tokens, then one decode step with the greedy token.

@@ -10,7 +10,7 @@ from .. import viz
 from ..core.model import LAYER_STEPS, check_token_ids, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
 from .base import STYLE, panel, show  # noqa: F401
 
-# ----------------------------------------------------------------------------- 06: the cache, round by round
+# ----------------------------------------------------------------------------- 07: the cache, round by round
 
 def cache_step_view(steps, step):
     """Round `step` (1-based; 1 is the prefill) of phases.cached_steps(...):
@@ -62,7 +62,7 @@ def cache_scrubber_widget(model, prompt, max_new_tokens, layer=0):
                 lambda d: cache_step_figure(d, layer))
     box.steps = steps
     return box
-# ----------------------------------------------------------------------------- 12: sampling
+# ----------------------------------------------------------------------------- 09: sampling
 
 def sampling_figure(view, labels):
     """Bars of the best tokens: grey = probability at temperature 1 with nothing filtered,
@@ -105,7 +105,7 @@ def sampling_widget(logits, labels, n_show=15):
 
     return panel({"temperature": temperature, "top_k": top_k, "top_p": top_p}, compute,
                  lambda view: sampling_figure(view, labels), title="next-token distribution")
-# ----------------------------------------------------------------------------- 13: RoPE
+# ----------------------------------------------------------------------------- 04: RoPE
 
 def rope_figure(view, pairs=(0, 1, 2, -1)):
     """For a few pairs: q's and k's 2-D pieces after rotation (arrows, faint: before), and
@@ -150,7 +150,7 @@ def rope_widget(q, k, base=10000.0, layout="halves", max_position=64, pairs=(0, 
 
     return panel({"pos_q": pos_q, "pos_k": pos_k, "shift": shift}, compute,
                  lambda view: rope_figure(view, pairs), title="RoPE: rotated query and key")
-# ----------------------------------------------------------------------------- 07: a real model
+# ----------------------------------------------------------------------------- 08: a real model
 
 def first_token_mass(trace, seq=0, from_position=1):
     """How much attention goes to position 0: for every layer and query head, the weight on key 0

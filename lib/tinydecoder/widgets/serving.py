@@ -10,7 +10,7 @@ from .. import viz
 from ..core.model import LAYER_STEPS, check_token_ids, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
 from .base import STYLE, panel, show  # noqa: F401
 
-# ----------------------------------------------------------------------------- 10: chunked prefill
+# ----------------------------------------------------------------------------- 18: chunked prefill
 
 def chunked_prefill_view(model, token_ids, chunk_size):
     """Prefill token_ids in chunks of chunk_size and in one shot; compare.
@@ -61,7 +61,7 @@ def chunked_prefill_widget(model, token_ids, labels=None, max_chunk=None):
         return chunked_prefill_text(view)
 
     return panel({"chunk_size": size}, lambda chunk_size: chunked_prefill_view(model, ids, chunk_size), draw)
-# ----------------------------------------------------------------------------- 11: continuous batching
+# ----------------------------------------------------------------------------- 19: continuous batching
 
 def schedule_view(model, requests, token_budget, policy="decode_first"):
     """The continuous-batching schedule of `requests` at this token budget and policy, the
@@ -108,7 +108,7 @@ def schedule_widget(model, patterns, budgets=(1, 32), value=8):
         return schedule_table(view)
 
     return panel({"token_budget": budget, "pattern": pattern, "policy": policy}, compute, draw)
-# ----------------------------------------------------------------------------- 14: roofline
+# ----------------------------------------------------------------------------- 11: roofline
 
 def roofline_figure(bandwidth_gbps, peak_gflops, points=None, ax=None, title=None):
     """Log-log roofline: the bandwidth slope and the matmul roof, with ops placed on it.
@@ -168,7 +168,7 @@ def roofline_widget(intensities_by_batch, bandwidth_gbps, peak_gflops, prefill=N
                                title=f"decode batch {view['batch']}: {n_mem} of {len(view['ops'])} ops memory-bound")
 
     return panel({"batch": batch}, compute, draw, title="roofline")
-# ----------------------------------------------------------------------------- 08: KV capacity
+# ----------------------------------------------------------------------------- 16: KV capacity
 
 CAPACITY_DTYPES = ("float32", "bfloat16", "float16", "fp8")
 HEAD_DIMS = (32, 48, 64, 80, 96, 128, 160, 192, 256)
@@ -212,7 +212,7 @@ def capacity_widget(n_layers=30, n_kv_heads=3, head_dim=64, dtype="float32", con
         return dict(capacity_for(**values), values=values)
 
     return panel(controls, compute, lambda d: capacity_text(d, **d["values"]), title="KV cache capacity")
-# ----------------------------------------------------------------------------- 09: paged cache
+# ----------------------------------------------------------------------------- 17: paged cache
 
 def block_size_figure(view):
     """The block tables at the view's step, titled with the waste numbers."""
