@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.flash import (attention_traffic, flash_attention, merge_partials, online_softmax_steps)
+from tinydecoder.flash import (attention_traffic, flash_attention, merge_partials, online_softmax_steps,
+                               peak_memory)
 from tinydecoder.ops import attention
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
@@ -225,3 +226,13 @@ def test_bad_merge_and_steps_and_traffic():
         attention_traffic(1024, 64, 200)  # flash: a Q row, its accumulator, m, l, a score, K and V rows
     with pytest.raises(ValueError, match="n must be >= 1"):
         attention_traffic(0, 64, 4096)
+
+
+def test_peak_memory_sees_numpy_buffers_and_flash_stays_small():
+    result, peak = peak_memory(np.ones, 1 << 18)  # 2 MiB of float64
+    assert result.shape == (1 << 18,) and 2 ** 21 <= peak < 2 ** 21 + 65536
+    q, k, v = random_qkv(512, 512, 4, 2, d=16, dtype=np.float32)
+    _, naive = peak_memory(attention, q, k, v, return_weights=True)  # holds [Hq, S, T] weights
+    (out, lse), flash = peak_memory(flash_attention, q, k, v, block_size=32)
+    assert naive >= 4 * 512 * 512 * 4  # the weights alone: 4 MiB
+    assert flash < out.nbytes + lse.nbytes + 2 ** 20  # the result plus less than 1 MiB of tiles

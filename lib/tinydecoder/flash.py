@@ -5,7 +5,8 @@ keys at a time. Keep, for every query, a running max m, a running sum l = sum ex
 an accumulator acc = sum exp(score - m) * v. When a block raises the max from m to m', the old
 l and acc are multiplied by exp(m - m') (they were summed relative to the old max), then the
 block's terms are added. After the last block, out = acc / l and log-sum-exp = m + log(l).
-No [S, T] matrix of scores ever exists: only [Hq, S, block] at a time.
+No [S, T] matrix of scores ever exists: the queries, too, go in blocks, so a tile of
+[Hq, block, block] scores is the largest temporary.
 
 Conventions are those of `ops.attention`: causal, grouped-query, q [S, Hq, d], k, v [T, Hkv, d],
 the queries being the last S of the T positions. `merge_partials` combines two results computed
@@ -16,6 +17,7 @@ between slow memory (HBM) and an on-chip memory of a given size.
 from __future__ import annotations
 
 import math
+import tracemalloc
 
 import numpy as np
 
@@ -78,7 +80,7 @@ def _finish(m, l, acc):
 
 
 def flash_attention(q, k, v, block_size=64, query_start=None):
-    """Causal grouped-query attention, one block of `block_size` keys at a time.
+    """Causal grouped-query attention in tiles of `block_size` queries x `block_size` keys.
 
     q: [S, Hq, d]; k, v: [T, Hkv, d]; Hq a multiple of Hkv (query head h reads KV head h // (Hq//Hkv)).
     query_start: the position of the first query, counted from the first key given; by default
@@ -86,7 +88,9 @@ def flash_attention(q, k, v, block_size=64, query_start=None):
       lets every query see every key (keys of a cached prefix); a smaller one hides keys from
       queries, and a query that sees no key gets out 0 and lse -inf (see merge_partials).
     returns out [S, Hq * d] (equal to `attention(q, k, v)`) and lse [Hq, S], the log-sum-exp of
-      each query's scaled, masked scores."""
+      each query's scaled, masked scores.
+    Besides out and lse, it holds only one tile's worth of temporaries: [Hq, block, block] scores
+    and [Hq, block, d] running state, however long S and T are."""
     S, Hq, d, T, Hkv = _check_qkv(q, k, v)
     block_size = _check_int("block_size", block_size, minimum=1)
     if query_start is None:
@@ -95,6 +99,22 @@ def flash_attention(q, k, v, block_size=64, query_start=None):
                              "(pass query_start to place them elsewhere)")
         query_start = T - S
     query_start = _check_int("query_start", query_start)
+    out = np.empty((S, Hq * d), q.dtype)
+    lse = np.empty((Hq, S), q.dtype)
+    for a in range(0, S, block_size):  # one block of queries at a time, each against all its keys
+        b = min(a + block_size, S)
+        out[a:b], lse[:, a:b] = query_block_attention(q[a:b], k, v, block_size, query_start + a)
+    return out, lse
+
+
+def query_block_attention(q, k, v, block_size, query_start):
+    """A block of queries against the keys, `block_size` keys at a time (flash_attention's tile loop).
+
+    q: [S, Hq, d] at positions query_start .. query_start + S - 1; k, v: [T, Hkv, d] at 0 .. T-1.
+    returns out [S, Hq * d], lse [Hq, S]. All S queries and all heads go through each key block
+    together: the largest temporary is the block's scores [Hkv, g*S, block] (g = Hq // Hkv)."""
+    S, Hq, d = q.shape
+    T, Hkv, _ = k.shape
     g = Hq // Hkv
     dtype = q.dtype
     scale = dtype.type(1.0 / math.sqrt(d))  # a float64 scalar here would promote everything
@@ -103,9 +123,9 @@ def flash_attention(q, k, v, block_size=64, query_start=None):
     m = np.full((Hkv, g * S, 1), -np.inf, dtype)  # running max
     l = np.zeros((Hkv, g * S, 1), dtype)  # running sum of exp(score - m)
     acc = np.zeros((Hkv, g * S, d), dtype)  # running sum of exp(score - m) * v
-    last_visible = min(T, query_start + S)  # keys at or after this position no query may see
-    for start in range(0, max(last_visible, 0), block_size):
-        stop = min(start + block_size, last_visible)
+    end = min(T, query_start + S)  # no query sees the keys from here on: skip them
+    for start in range(0, max(end, 0), block_size):
+        stop = min(start + block_size, end)
         scores = qg @ k[start:stop].transpose(1, 2, 0)  # [Hkv, g*S, B]
         if stop - 1 > query_start:  # the block reaches into some query's future
             future = np.arange(start, stop)[None, :] > query_pos[:, None]  # [g*S, B]
@@ -179,6 +199,23 @@ def online_softmax_steps(scores, values, block_size):
         steps.append({"keys_seen": stop, "m": float(m[0, 0]), "l": float(l[0, 0]),
                       "alpha": float(alpha[0, 0]), "out": out[0]})
     return steps
+
+
+def peak_memory(fn, *args, **kwargs):
+    """(fn(*args, **kwargs), peak bytes allocated during the call above what was allocated before).
+
+    Measured with tracemalloc, to which numpy reports its array buffers; the peak includes the
+    result itself. Nested use is refused (tracemalloc has one peak)."""
+    if tracemalloc.is_tracing():
+        raise RuntimeError("peak_memory cannot run while tracemalloc is already tracing")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn(*args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    return result, peak
 
 
 # --- bytes moved between slow memory (HBM) and on-chip memory (SRAM) ----------------------------
