@@ -103,11 +103,11 @@ def flash_attention(q, k, v, block_size=64, query_start=None):
     lse = np.empty((Hq, S), q.dtype)
     for a in range(0, S, block_size):  # one block of queries at a time, each against all its keys
         b = min(a + block_size, S)
-        out[a:b], lse[:, a:b] = query_block_attention(q[a:b], k, v, block_size, query_start + a)
+        out[a:b], lse[:, a:b] = _query_block_attention(q[a:b], k, v, block_size, query_start + a)
     return out, lse
 
 
-def query_block_attention(q, k, v, block_size, query_start):
+def _query_block_attention(q, k, v, block_size, query_start):
     """A block of queries against the keys, `block_size` keys at a time (flash_attention's tile loop).
 
     q: [S, Hq, d] at positions query_start .. query_start + S - 1; k, v: [T, Hkv, d] at 0 .. T-1.
