@@ -10,6 +10,7 @@ Sub-packages, each importing only from those before it:
 from .core.cache import KVCache
 from .core.config import Config
 from .core.fast import forward_batch, forward_fast
+from .core.flash import flash_attention, merge_partials
 from .core.generate import Event, Generation, generate, work_counts
 from .core.model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, layer_input
 from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
@@ -21,6 +22,7 @@ __all__ = [
     "Config", "KVCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
     "forward", "forward_fast", "forward_batch", "decoder_block", "embed_tokens", "layer_input",
     "generate", "greedy", "work_counts", "check_token_ids",
-    "rmsnorm", "softmax", "silu", "swiglu", "attention", "causal_mask", "repeat_kv", "apply_rope",
+    "rmsnorm", "softmax", "silu", "swiglu", "attention", "flash_attention", "merge_partials",
+    "causal_mask", "repeat_kv", "apply_rope",
     "rope_angles", "toy_model", "toy_config", "random_model", "SEED_PROMPT", "SEED_CONTINUATION",
 ]
