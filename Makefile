@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: lab test unit nbval browser notebooks venv clean
+.PHONY: lab test lint unit nbval browser notebooks venv clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -21,9 +21,12 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
-# The whole suite: library tests, every notebook under strict nbval, the browser check.
-test: $(STAMP)
+# The whole suite: lint, library tests, every notebook under strict nbval, the browser check.
+test: $(STAMP) lint
 	$(PY) -m pytest -q tests $(NBVAL) $(NOTEBOOKS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check lib tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests -m "not browser"
