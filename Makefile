@@ -43,3 +43,9 @@ notebooks: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# For teachers (issue 15; tools/classroom.py, docs/teaching.md). Student copies without the
+# answers in student/, the static site in site/ (fetches the widget and MathJax scripts with npm).
+.PHONY: student
+student: $(STAMP)
+	$(PY) tools/classroom.py student
