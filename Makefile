@@ -46,6 +46,9 @@ clean:
 
 # For teachers (issue 15; tools/classroom.py, docs/teaching.md). Student copies without the
 # answers in student/, the static site in site/ (fetches the widget and MathJax scripts with npm).
-.PHONY: student
+.PHONY: student site
 student: $(STAMP)
 	$(PY) tools/classroom.py student
+
+site: $(STAMP)
+	$(PY) tools/classroom.py site
