@@ -184,16 +184,14 @@ def execute(nb, cwd: Path, timeout: int = 120):
     return nb
 
 
-def notebook_timings(notebooks: list[Path], timeout: int = 120) -> list[tuple[str, float]]:
-    """Wall-clock seconds to run each notebook top to bottom with nbclient (kernel start included).
-    The notebooks are executed in memory; the files are not written."""
-    results = []
+def notebook_timings(notebooks: list[Path], timeout: int = 120):
+    """Yield (name, wall-clock seconds) for running each notebook top to bottom with nbclient
+    (kernel start included). The notebooks are executed in memory; the files are not written."""
     for path in notebooks:
         nb = read_notebook(path)
         start = time.perf_counter()
         execute(nb, path.parent, timeout)
-        results.append((path.stem, time.perf_counter() - start))
-    return results
+        yield path.stem, time.perf_counter() - start
 
 
 def _paths(args) -> list[Path]:
@@ -242,11 +240,11 @@ def main(argv: list[str] | None = None) -> int:
             index = build_site(paths, args.out, args.npm_cache)
             print(f"wrote {index}")
             return 0
-        rows = notebook_timings(paths, args.timeout)
         if args.markdown:
-            print("| notebook | run time (s) |\n|---|---:|")
-        for stem, seconds in rows:
-            print(f"| `{stem}` | {seconds:.1f} |" if args.markdown else f"{seconds:7.1f} s  {stem}")
+            print("| notebook | run time (s) |\n|---|---:|", flush=True)
+        for stem, seconds in notebook_timings(paths, args.timeout):
+            print(f"| `{stem}` | {seconds:.1f} |" if args.markdown else f"{seconds:7.1f} s  {stem}",
+                  flush=True)
         return 0
     except SolutionMarkerError as exc:
         print(f"solution markers: {exc}", file=sys.stderr)
