@@ -25,9 +25,8 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(REPO / "tools"))
-from labdriver import CHROMIUM, launch_chromium  # noqa: E402
-
 import classroom_site  # noqa: E402
+from labdriver import CHROMIUM, launch_chromium  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
