@@ -26,7 +26,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest -q tests $(NBVAL) $(NOTEBOOKS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check lib tests
+	$(PY) -m ruff check lib tests tools
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests -m "not browser"

@@ -26,6 +26,7 @@ REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(REPO / "tools"))
 import classroom_site  # noqa: E402
+
 from labdriver import CHROMIUM, launch_chromium  # noqa: E402
 
 pytestmark = pytest.mark.browser
