@@ -6,6 +6,7 @@ import pytest
 
 import tinydecoder as td
 from tinydecoder.kv_quant import (AXES, QuantizedKVCache, attention_error, chunked_perplexity, pack,
+                                  quantized_bytes_per_token,
                                   quantize, round_trip, unpack)
 from tinydecoder.smollm2 import INSTALL_COMMAND, load_smollm2, smollm2_installed, smollm2_tokenizer
 
@@ -198,3 +199,15 @@ def test_int8_greedy_continuation_equals_float32_on_smollm2():
     td.forward(model, more[:80], cache)
     assert len(cache) == len(ref.cache) == 100
     assert cache.nbytes <= 0.30 * ref.cache.nbytes  # 4 key rows still in the float residual
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_bytes_per_token_formula_matches_a_full_cache(bits):
+    cache = QuantizedKVCache(CFG, bits, group_size=8)
+    rows = outlier_rows(T=24, H=2, d=16)  # three full groups of 8 positions
+    for layer in range(CFG.n_layers):
+        cache.append(layer, rows, rows)
+    assert cache.nbytes / 24 == quantized_bytes_per_token(CFG, bits, group_size=8)
+    assert quantized_bytes_per_token(td.Config(vocab_size=10, d_model=576, n_heads=9, n_kv_heads=3,
+                                               head_dim=64, n_layers=30, d_ff=8, max_context=64,
+                                               position="rope"), 8) == 12960  # SmolLM2, int8

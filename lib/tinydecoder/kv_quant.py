@@ -296,3 +296,11 @@ def chunked_perplexity(model, token_ids, cache=None, prefix: int = 32, chunk: in
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_probs = shifted[np.arange(len(targets)), targets] - np.log(np.exp(shifted).sum(axis=1))
     return float(np.exp(-log_probs.mean()))
+
+
+def quantized_bytes_per_token(config: Config, bits: int = 8, group_size: int = 32) -> float:
+    """Bytes a position costs once its groups are full: codes plus a float16 scale and zero per
+    group of `group_size` numbers, for K and V of every layer and KV head (either axis)."""
+    bits, d = check_bits(bits), config.head_dim
+    per_head = d * bits / 8 + 2 * 2 * d / check_group_size(group_size, d, ())
+    return 2 * config.n_layers * config.n_kv_heads * per_head
