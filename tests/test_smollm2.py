@@ -78,7 +78,7 @@ def test_package_without_its_gguf_file(monkeypatch, tmp_path):
 @needs_model
 @pytest.mark.smollm2
 def test_file_checksum_is_the_pinned_one():
-    from tinydecoder.checkpoint.gguf_loader import verify_sha256
+    from tinydecoder.checkpoint.gguf_file import verify_sha256
 
     assert verify_sha256(smollm2_path(), SHA256) == SHA256
 

@@ -102,7 +102,7 @@ def load_smollm2():
 @lru_cache(maxsize=1)
 def smollm2_tokenizer():
     """SmolLM2's byte-level BPE tokenizer with its chat template (see tinydecoder.tokenizer)."""
-    from .tokenizer import load_gguf_tokenizer
+    from .gguf_loader import load_gguf_tokenizer
 
     tok = load_gguf_tokenizer(smollm2_path(), expected_sha256=SHA256)
     tok.name = MODEL_NAME

@@ -25,6 +25,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from .gguf_file import UnsupportedModelError, metadata_value, open_gguf
+
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4
@@ -192,8 +194,6 @@ def tokenizer_from_gguf(reader, name: str | None = None) -> Tokenizer:
     from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
-    from .gguf_loader import UnsupportedModelError, metadata_value, open_gguf
-
     if isinstance(reader, (str, Path)):
         reader = open_gguf(reader)
     if "tokenizer.ggml.tokens" not in reader.fields:
@@ -229,18 +229,3 @@ def tokenizer_from_gguf(reader, name: str | None = None) -> Tokenizer:
                      name=name or str(metadata_value(reader, "general.name", "gguf")),
                      chat_template_source=metadata_value(reader, "tokenizer.chat_template", None))
 
-
-def load_gguf_tokenizer(path, *, expected_sha256: str | None = None, use_cache: bool = True,
-                        cache_root=None, progress: bool = True) -> Tokenizer:
-    """The tokenizer of a GGUF file: read from the weight cache (built on first use, see
-    `gguf_loader.ensure_cache`), or parsed from the file itself with use_cache=False."""
-    from .gguf_loader import UnsupportedModelError, ensure_cache, verify_sha256
-
-    if not use_cache:
-        verify_sha256(path, expected_sha256)
-        return tokenizer_from_gguf(path)
-    cache_dir, manifest = ensure_cache(path, expected_sha256=expected_sha256, cache_root=cache_root,
-                                       progress=progress)
-    if not manifest.get("tokenizer"):
-        raise UnsupportedModelError(f"{Path(path).name} carries no tokenizer (no tokenizer.ggml.tokens)")
-    return Tokenizer.load(cache_dir)
