@@ -4,9 +4,7 @@ config comes from the metadata, the cache is keyed by sha256 and memory-mapped, 
 kind of bad file gets its own clear error."""
 import json
 import os
-from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -15,83 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinydecoder as td
+from synthetic_gguf import CFG, IDS, write_llama_gguf
 from tinydecoder.checkpoint import gguf_file as gf
 from tinydecoder.checkpoint import gguf_loader as gl
 from tinydecoder.checkpoint import store
-from tinydecoder.checkpoint.tokenizer import Tokenizer, byte_decoder
+from tinydecoder.checkpoint.tokenizer import Tokenizer
 from tinydecoder.core.toy import random_model
-
-CFG = td.Config(vocab_size=262, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, n_layers=2, d_ff=96,
-                max_context=128, position="rope", rope_base=10000.0, rope_layout="halves", norm_eps=1e-5,
-                norm_scale=True, tied_embeddings=True, name="tiny-llama")
-IDS = [5, 17, 200, 3, 99, 42, 7]
-
-
-# ---------------------------------------------------------------- writing synthetic GGUF files
-def tiny_tokens():
-    """3 control tokens, the 256 byte-level symbols, and 3 merged tokens."""
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    symbols = sorted(byte_decoder(), key=byte_decoder().get)  # in byte order
-    return specials + symbols + ["Ġt", "he", "Ġthe"], [3, 3, 3] + [1] * 259, ["Ġ t", "h e", "Ġt he"]
-
-
-def write_llama_gguf(path, model, *, qtype=T.F32, arch="llama", tokenizer=True, skip=(), extra=None,
-                     metadata_skip=(), tensor_override=None):
-    """Write `model` (HF layout: RoPE "halves") the way llama.cpp's converter does: GGUF
-    metadata, tensors as (out, in) arrays, Q and K rows permuted per head."""
-    cfg = model.config
-    w = gguf.GGUFWriter(str(path), arch)
-    meta = {"block_count": lambda: w.add_block_count(cfg.n_layers),
-            "context_length": lambda: w.add_context_length(cfg.max_context),
-            "embedding_length": lambda: w.add_embedding_length(cfg.d_model),
-            "feed_forward_length": lambda: w.add_feed_forward_length(cfg.d_ff),
-            "head_count": lambda: w.add_head_count(cfg.n_heads),
-            "head_count_kv": lambda: w.add_head_count_kv(cfg.n_kv_heads),
-            "rope_freq_base": lambda: w.add_rope_freq_base(cfg.rope_base),
-            "rms_eps": lambda: w.add_layer_norm_rms_eps(cfg.norm_eps),
-            "rope_dim": lambda: w.add_rope_dimension_count(cfg.head_dim),
-            "vocab_size": lambda: w.add_vocab_size(cfg.vocab_size)}
-    w.add_name(cfg.name)
-    for key, add in meta.items():
-        if key not in metadata_skip:
-            add()
-    if tokenizer:
-        tokens, types, merges = tiny_tokens()
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-    tensors = {"token_embd.weight": model.embed, "output_norm.weight": model.final_norm}
-    if not cfg.tied_embeddings:
-        tensors["output.weight"] = model.lm_head.T
-    for l, layer in enumerate(model.layers):
-        tensors.update({
-            f"blk.{l}.attn_norm.weight": layer.attn_norm, f"blk.{l}.ffn_norm.weight": layer.ffn_norm,
-            f"blk.{l}.attn_q.weight": gf.permute_qk(layer.wq.T, cfg.n_heads),
-            f"blk.{l}.attn_k.weight": gf.permute_qk(layer.wk.T, cfg.n_kv_heads),
-            f"blk.{l}.attn_v.weight": layer.wv.T, f"blk.{l}.attn_output.weight": layer.wo.T,
-            f"blk.{l}.ffn_gate.weight": layer.w_gate.T, f"blk.{l}.ffn_up.weight": layer.w_up.T,
-            f"blk.{l}.ffn_down.weight": layer.w_down.T})
-    tensors.update(extra or {})
-    for name, array in tensors.items():
-        if name in skip:
-            continue
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        if tensor_override and name in tensor_override:
-            data, raw = tensor_override[name]
-            w.add_tensor(name, data, raw_dtype=raw)
-        elif array.ndim == 2 and qtype != T.F32:
-            w.add_tensor(name, quantize(array, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, array)  # norms stay F32, as in llama.cpp's files
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
 
 
 @pytest.fixture(scope="module")
@@ -235,14 +162,6 @@ def test_cache_root_comes_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("TINYDECODER_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert store.cache_dir_for("abc") == tmp_path / "xdg" / "tinydecoder" / "abc"
-
-
-def test_damaged_cache_gets_a_clear_error(tiny_file, tmp_path):
-    load(tiny_file, tmp_path)
-    folder = tmp_path / "cache" / gf.file_sha256(tiny_file)
-    (folder / "blk.1.ffn_down.npy").write_bytes(b"\x93NUMPY garbage")
-    with pytest.raises(gf.GGUFFormatError, match="delete that folder"):
-        load(tiny_file, tmp_path)
 
 
 def test_tokenizer_comes_with_the_cache(tiny_file, tmp_path):

@@ -31,7 +31,7 @@ from .gguf_file import (
     unpermute_qk,
     verify_sha256,
 )
-from .store import ensure_cache, load_cached_arrays, load_cached_tokenizer
+from .store import tokenizer_from_cache, weights_from_cache
 from .tokenizer import Tokenizer, tokenizer_from_gguf
 from .weights import assemble_model, to_interleaved, write_weights
 
@@ -48,14 +48,15 @@ def load_gguf_model(path, *, expected_sha256: str | None = None, rope_layout: st
     rope_layout: "halves" (undo llama.cpp's Q/K permutation; the default) or "interleaved"
         (keep the file's row order). Both give the same logits; see the module docstring.
     use_cache: memory-map float32 weights from the cache folder (building it on first use,
-        with a progress bar on stderr when `progress`); False dequantises into memory.
+        with a progress bar on stderr when `progress`, and rebuilding it, with a line on
+        stderr, when a file is missing or damaged); False dequantises into memory.
     Raises FileNotFoundError, GGUFFormatError, UnsupportedModelError or ChecksumError."""
     if rope_layout not in ("halves", "interleaved"):
         raise ValueError(f"rope_layout must be 'halves' or 'interleaved', got {rope_layout!r}")
     if use_cache:
         try:
-            cache_dir, manifest = ensure_cache(path, expected_sha256=expected_sha256,
-                                               cache_root=cache_root, progress=progress)
+            cfg, arrays = weights_from_cache(path, expected_sha256=expected_sha256, cache_root=cache_root,
+                                             progress=progress)
         except OSError as exc:  # e.g. a read-only home or a full disk: load into memory instead
             if isinstance(exc, FileNotFoundError) and not Path(path).is_file():
                 raise
@@ -63,8 +64,9 @@ def load_gguf_model(path, *, expected_sha256: str | None = None, rope_layout: st
                           RuntimeWarning, stacklevel=2)
             return load_gguf_model(path, expected_sha256=expected_sha256, rope_layout=rope_layout,
                                    use_cache=False, progress=progress, name=name)
-        cfg = Config(**{**manifest["config"], **({"name": name} if name else {})})
-        model = assemble_model(cfg, load_cached_arrays(cache_dir, cfg))
+        if name:
+            cfg = Config(**{**cfg.to_dict(), "name": name})
+        model = assemble_model(cfg, arrays)
         return to_interleaved(model) if rope_layout == "interleaved" else model
     verify_sha256(path, expected_sha256)
     reader = open_gguf(path)
@@ -76,13 +78,9 @@ def load_gguf_model(path, *, expected_sha256: str | None = None, rope_layout: st
 
 def load_gguf_tokenizer(path, *, expected_sha256: str | None = None, use_cache: bool = True,
                         cache_root=None, progress: bool = True) -> Tokenizer:
-    """The tokenizer of a GGUF file: read from the weight cache (built on first use, see
-    `store.ensure_cache`), or parsed from the file itself with use_cache=False."""
+    """The tokenizer of a GGUF file: read from the weight cache (built on first use and rebuilt
+    when damaged, see `store.py`), or parsed from the file itself with use_cache=False."""
     if not use_cache:
         verify_sha256(path, expected_sha256)
         return tokenizer_from_gguf(path)
-    cache_dir, manifest = ensure_cache(path, expected_sha256=expected_sha256, cache_root=cache_root,
-                                       progress=progress)
-    if not manifest.get("tokenizer"):
-        raise UnsupportedModelError(f"{Path(path).name} carries no tokenizer (no tokenizer.ggml.tokens)")
-    return load_cached_tokenizer(cache_dir)
+    return tokenizer_from_cache(path, expected_sha256=expected_sha256, cache_root=cache_root, progress=progress)
