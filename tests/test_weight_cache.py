@@ -12,6 +12,7 @@ from synthetic_gguf import CFG, IDS, write_llama_gguf
 from tinydecoder.checkpoint import gguf_file as gf
 from tinydecoder.checkpoint import gguf_loader as gl
 from tinydecoder.checkpoint import store
+from tinydecoder.cli import main as cli_main
 from tinydecoder.core.toy import random_model
 
 
@@ -151,3 +152,64 @@ def test_a_cache_without_hashes_still_loads_and_can_record_them(cached, tiny_fil
     report = store.verify_cache(cached)
     assert report.hashes_recorded and report.problems == [] and report.checked == 2 + 6 * CFG.n_layers + 2
     assert {k: v for k, v in json.loads(manifest_file.read_text()).items() if k != "files"} == manifest
+
+
+# ---------------------------------------------------------------- python -m tinydecoder verify
+@pytest.fixture
+def verify(tiny_file, tmp_path, monkeypatch, capsys):
+    """Run `verify --gguf tiny.gguf ARGS` against the test's cache root: (exit code, stdout lines)."""
+    monkeypatch.setenv("TINYDECODER_CACHE", str(tmp_path / "cache"))
+
+    def run(*args):
+        code = cli_main(["verify", "--gguf", str(tiny_file), *args])
+        return code, capsys.readouterr().out.splitlines()
+    return run
+
+
+def test_cli_verify_a_whole_cache(cached, verify):
+    code, lines = verify()
+    assert code == 0 and lines == [f"{cached}: all {2 + 6 * CFG.n_layers + 2} files match the sha256 recorded "
+                                   f"at build time"]
+
+
+def test_cli_verify_catches_a_flipped_byte_and_repairs_it(cached, verify, tiny_file, tmp_path, reference, capsys):
+    flip_a_byte(cached / "blk.0.ffn_gate_up.npy")
+    code, lines = verify()
+    assert code == 1 and len(lines) == 2
+    assert lines[0].startswith(f"{cached / 'blk.0.ffn_gate_up.npy'}: sha256 ")
+    assert lines[1] == (f"{cached}: 1 problem(s); rebuild the cache from its GGUF with: "
+                        f"python -m tinydecoder verify --repair --gguf {tiny_file}")
+    code, lines = verify("--repair")
+    assert code == 0 and lines[-1].endswith("files match the sha256 recorded at build time")
+    model = load(tiny_file, tmp_path)
+    np.testing.assert_allclose(td.forward(model, IDS), td.forward(reference, IDS), rtol=0, atol=2e-5)
+
+
+def test_cli_verify_without_hashes_offers_record(cached, verify, capsys):
+    manifest = json.loads((cached / "manifest.json").read_text())
+    del manifest["files"]
+    (cached / "manifest.json").write_text(json.dumps(manifest))
+    code, lines = verify()
+    assert code == 1 and len(lines) == 1 and "no sha256 recorded" in lines[0] and "--record" in lines[0]
+    code, lines = verify("--record")
+    assert code == 0 and lines == [f"{cached}: recorded the sha256 of {2 + 6 * CFG.n_layers + 2} files, trusting "
+                                   f"them as they are now (--repair would rebuild them from the GGUF instead)"]
+    assert verify()[0] == 0
+
+
+def test_cli_verify_a_cache_folder_and_a_missing_cache(cached, tmp_path, capsys, monkeypatch):
+    (cached / "blk.1.ffn_norm.npy").unlink()
+    assert cli_main(["verify", "--cache-dir", str(cached)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{cached / 'blk.1.ffn_norm.npy'}: missing"
+    assert lines[1].endswith(f"verify --repair --cache-dir {cached}")
+    assert cli_main(["verify", "--cache-dir", str(cached), "--repair"]) == 0  # no GGUF known: removed
+    assert not cached.exists() and "the next load of its GGUF rebuilds it" in capsys.readouterr().out
+    monkeypatch.setenv("TINYDECODER_CACHE", str(tmp_path / "empty"))
+    assert cli_main(["verify"]) == 1  # SmolLM2's cache, not built under this root
+    assert "no weight cache here, nothing to verify" in capsys.readouterr().out
+    assert cli_main(["verify", "--gguf", str(tmp_path / "nope.gguf")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: no GGUF file at {tmp_path / 'nope.gguf'}"
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["verify", "--repair", "--record"])
+    assert exit_info.value.code == 2
