@@ -221,3 +221,15 @@ def test_cli_generate_toy_and_bad_settings(capsys):
     assert "out of range" in capsys.readouterr().err
     assert cli_main(["generate", "--model", "toy", "--prompt", "0 1", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+@needs_model
+@pytest.mark.smollm2
+def test_cli_prompt_that_is_not_utf8_exits_2_with_one_line(capsys):
+    assert cli_main(["generate", "--prompt", "\udcff"]) == 2  # argv b"\xff" as Python decodes it
+    err = capsys.readouterr().err
+    assert err.startswith("error: the text holds the byte 0xFF, which is not valid UTF-8") and err.count("\n") == 1
+    out = subprocess.run([sys.executable, "-m", "tinydecoder", "generate", "--model", "smollm2", "--prompt",
+                          b"\xff"], capture_output=True, timeout=300)  # the raw byte, as a shell passes $'\xff'
+    assert out.returncode == 2 and out.stdout == b""
+    assert out.stderr.decode().splitlines() == [err.strip()]

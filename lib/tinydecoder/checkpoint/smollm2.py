@@ -161,7 +161,6 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     Generation stops at <|im_end|> (the end of a turn) or <|endoftext|>. Greedy unless temperature,
     top_k or top_p is given (see tinydecoder.sampling.make_sampler; seed makes it repeatable).
     cache: a KV cache that already holds a prefix of the prompt's tokens (see Chat)."""
-    model = load_smollm2() if model is None else model
     tok = smollm2_tokenizer() if tokenizer is None else tokenizer
     if not isinstance(prompt, str):
         chat, messages = True, prompt
@@ -170,6 +169,7 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     prompt_ids = tok.encode_chat(messages) if chat else tok.encode(prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty: give some text to continue")
+    model = load_smollm2() if model is None else model  # after the prompt is known to be good
     sampler = None
     if temperature is not None or top_k is not None or top_p is not None or seed is not None:
         from ..core.sampling import make_sampler

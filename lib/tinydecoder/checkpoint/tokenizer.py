@@ -71,6 +71,25 @@ def check_messages(messages) -> list:
     return messages
 
 
+def check_text(text) -> str:
+    """`text` if it is a str of valid Unicode; else a one-line error saying what is wrong.
+
+    Bytes that are not valid UTF-8 reach Python as lone surrogates: a command-line argument
+    or a file read with errors="surrogateescape" turns byte 0xFF into U+DCFF. The tokenizer
+    (like UTF-8 itself) has no place for them."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = (f"the byte 0x{code - 0xDC00:02X}, which is not valid UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"an unpaired surrogate U+{code:04X}")
+        raise ValueError(f"the text holds {what} (character {exc.start} of {len(text)}); text must be valid "
+                         f"Unicode, i.e. UTF-8 encoded") from None
+    return text
+
+
 @lru_cache(maxsize=1)
 def byte_decoder() -> dict:
     """GPT-2's byte-level alphabet, reversed: printable character -> the byte it stands for."""
@@ -108,9 +127,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list:
         """Token ids of `text` (special tokens written in the text become their single id)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self.hf.encode(text, add_special_tokens=False).ids
+        return self.hf.encode(check_text(text), add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """The text of a sequence of ids (bytes split across ids are joined before decoding)."""
