@@ -106,21 +106,6 @@ def test_loaded_once_per_process_read_only_and_tied(model):
 
 @needs_model
 @pytest.mark.smollm2
-def test_prefill_temporaries_reuse_memory_instead_of_page_faulting(model):
-    """load_smollm2 asks glibc to keep freed memory: a repeated prefill allocates its ~100 MB
-    of temporaries from memory already mapped (without it: ~40,000 page faults here)."""
-    resource = pytest.importorskip("resource")
-    if not smollm2.retain_freed_memory():
-        pytest.skip("not glibc: malloc settings not available")
-    ids = list(range(1000, 1200))
-    td.forward(model, ids, last_only=True)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    td.forward(model, ids, last_only=True)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 2_000
-
-
-@needs_model
-@pytest.mark.smollm2
 def test_the_capital_of_france_is_paris(model, tok):
     ids = tok.encode(FRANCE)
     assert ids == FRANCE_IDS
