@@ -62,47 +62,22 @@ def smollm2_installed() -> bool:
     return True
 
 
-def retain_freed_memory(trim_bytes: int = 256 << 20, mmap_bytes: int = 32 << 20) -> bool:
-    """Ask glibc's malloc to keep freed memory for reuse (True if it could: Linux with glibc).
-
-    A 500-token prefill allocates ~300 MB of short-lived numpy temporaries. By default glibc
-    returns much of it to the OS between layers and page-faults it back in the next one
-    (~78,000 page faults, a quarter of a second of system time per prefill here). This keeps
-    up to `trim_bytes` of freed heap and serves allocations below `mmap_bytes` from it.
-    It changes this process's allocator settings; `load_smollm2` calls it."""
-    import ctypes
-    import ctypes.util
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(mmap_bytes))) and \
-            bool(libc.mallopt(M_TRIM_THRESHOLD, int(trim_bytes)))
-    except (OSError, AttributeError):
-        return False
-
-
 @lru_cache(maxsize=1)
 def load_smollm2():
     """The float32 Model (30 layers, D=576, 9 query heads sharing 3 KV heads, head dim 64,
     RoPE "halves", tied head). The first call on a machine dequantises the GGUF into the
     cache (a progress bar on stderr, ~10 s); later calls memory-map it (well under a second).
     The same object is returned on every call in a process: don't modify its weights (they
-    are read-only memory maps). Also calls `retain_freed_memory()` (faster prefill)."""
+    are read-only memory maps)."""
     from .gguf_loader import load_gguf_model
 
-    model = load_gguf_model(smollm2_path(), expected_sha256=SHA256, name=MODEL_NAME)
-    retain_freed_memory()
-    return model
+    return load_gguf_model(smollm2_path(), expected_sha256=SHA256, name=MODEL_NAME)
 
 
 @lru_cache(maxsize=1)
 def smollm2_tokenizer():
     """SmolLM2's byte-level BPE tokenizer with its chat template (see tinydecoder.tokenizer)."""
-    from .tokenizer import load_gguf_tokenizer
+    from .gguf_loader import load_gguf_tokenizer
 
     tok = load_gguf_tokenizer(smollm2_path(), expected_sha256=SHA256)
     tok.name = MODEL_NAME
@@ -161,7 +136,6 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     Generation stops at <|im_end|> (the end of a turn) or <|endoftext|>. Greedy unless temperature,
     top_k or top_p is given (see tinydecoder.sampling.make_sampler; seed makes it repeatable).
     cache: a KV cache that already holds a prefix of the prompt's tokens (see Chat)."""
-    model = load_smollm2() if model is None else model
     tok = smollm2_tokenizer() if tokenizer is None else tokenizer
     if not isinstance(prompt, str):
         chat, messages = True, prompt
@@ -170,6 +144,7 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     prompt_ids = tok.encode_chat(messages) if chat else tok.encode(prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty: give some text to continue")
+    model = load_smollm2() if model is None else model  # after the prompt is known to be good
     sampler = None
     if temperature is not None or top_k is not None or top_p is not None or seed is not None:
         from ..core.sampling import make_sampler

@@ -25,6 +25,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from .gguf_file import UnsupportedModelError, metadata_value, open_gguf
+
 DEFAULT_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4
@@ -69,6 +71,25 @@ def check_messages(messages) -> list:
     return messages
 
 
+def check_text(text) -> str:
+    """`text` if it is a str of valid Unicode; else a one-line error saying what is wrong.
+
+    Bytes that are not valid UTF-8 reach Python as lone surrogates: a command-line argument
+    or a file read with errors="surrogateescape" turns byte 0xFF into U+DCFF. The tokenizer
+    (like UTF-8 itself) has no place for them."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = (f"the byte 0x{code - 0xDC00:02X}, which is not valid UTF-8" if 0xDC80 <= code <= 0xDCFF
+                else f"an unpaired surrogate U+{code:04X}")
+        raise ValueError(f"the text holds {what} (character {exc.start} of {len(text)}); text must be valid "
+                         f"Unicode, i.e. UTF-8 encoded") from None
+    return text
+
+
 @lru_cache(maxsize=1)
 def byte_decoder() -> dict:
     """GPT-2's byte-level alphabet, reversed: printable character -> the byte it stands for."""
@@ -106,9 +127,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list:
         """Token ids of `text` (special tokens written in the text become their single id)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self.hf.encode(text, add_special_tokens=False).ids
+        return self.hf.encode(check_text(text), add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """The text of a sequence of ids (bytes split across ids are joined before decoding)."""
@@ -192,8 +211,6 @@ def tokenizer_from_gguf(reader, name: str | None = None) -> Tokenizer:
     from tokenizers import AddedToken, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
-    from .gguf_loader import UnsupportedModelError, metadata_value, open_gguf
-
     if isinstance(reader, (str, Path)):
         reader = open_gguf(reader)
     if "tokenizer.ggml.tokens" not in reader.fields:
@@ -229,18 +246,3 @@ def tokenizer_from_gguf(reader, name: str | None = None) -> Tokenizer:
                      name=name or str(metadata_value(reader, "general.name", "gguf")),
                      chat_template_source=metadata_value(reader, "tokenizer.chat_template", None))
 
-
-def load_gguf_tokenizer(path, *, expected_sha256: str | None = None, use_cache: bool = True,
-                        cache_root=None, progress: bool = True) -> Tokenizer:
-    """The tokenizer of a GGUF file: read from the weight cache (built on first use, see
-    `gguf_loader.ensure_cache`), or parsed from the file itself with use_cache=False."""
-    from .gguf_loader import UnsupportedModelError, ensure_cache, verify_sha256
-
-    if not use_cache:
-        verify_sha256(path, expected_sha256)
-        return tokenizer_from_gguf(path)
-    cache_dir, manifest = ensure_cache(path, expected_sha256=expected_sha256, cache_root=cache_root,
-                                       progress=progress)
-    if not manifest.get("tokenizer"):
-        raise UnsupportedModelError(f"{Path(path).name} carries no tokenizer (no tokenizer.ggml.tokens)")
-    return Tokenizer.load(cache_dir)

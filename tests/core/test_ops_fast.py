@@ -1,5 +1,5 @@
 """The speed-ups inside the ops change no result: block-by-block attention for long prefills,
-the in-place softmax. (The fast forward path against the reference: test_core_fast.py.)"""
+the in-place softmax. (The fast forward path against the reference: core/test_fast.py.)"""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st

