@@ -175,15 +175,16 @@ def kv_heads_figure(data):
                      f"{data['group']} per group")
     rows = data["table"]
     labels = [f"{r['kind']}\nHkv={r['n_kv_heads']}" for r in rows]
-    kib = [r["bytes_per_token"] / 1024 for r in rows]
+    per_token = [r["bytes_per_token"] for r in rows]  # bytes, as the labels on the bars
     colors = ["C1" if r["n_kv_heads"] == data["n_kv_heads"] else "#bbbbbb" for r in rows]
-    bars = ax_bar.bar(range(len(rows)), kib, color=colors, edgecolor="black")
+    bars = ax_bar.bar(range(len(rows)), per_token, color=colors, edgecolor="black")
     for b, r in zip(bars, rows):
         ax_bar.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{r['bytes_per_token']:,}",
                     ha="center", va="bottom", fontsize=8)
     ax_bar.set_xticks(range(len(rows)), labels=labels, fontsize=8)
-    ax_bar.set_ylabel("KV cache, KiB per token")
-    ax_bar.set_ylim(0, max(kib) * 1.2)
+    ax_bar.set_ylabel("KV cache, bytes per token")
+    ax_bar.yaxis.set_major_formatter("{x:,.0f}")  # 46,080 as on the bar labels
+    ax_bar.set_ylim(0, max(per_token) * 1.2)
     ax_bar.set_title(f"{data['name']}: {data['bytes_per_token']:,} B/token, "
                      f"saves {data['saved_bytes_per_token']:,} B ({data['saved_fraction']:.0%}) vs MHA",
                      fontsize=9)
