@@ -68,6 +68,11 @@ class ContiguousKV:
     def free_blocks(self):
         return None if self.total_blocks is None else self.total_blocks - self.used_blocks
 
+    @property
+    def available_blocks(self):
+        """What admission can hand out: the free rows (a reservation is taken whole, nothing is promised)."""
+        return self.free_blocks
+
     def fits_empty(self, request) -> bool:
         return self.total_blocks is None or request.positions_needed <= self.total_blocks
 
@@ -113,9 +118,16 @@ class PagedKV:
     def free_blocks(self) -> int:
         return self.pool.blocks_free
 
-    def _promised(self) -> int:
+    @property
+    def promised_blocks(self) -> int:
+        """Blocks the running requests may still take (worst case less what they hold)."""
         seqs = self.pool.sequences
         return sum(max(0, w - len(seqs[i].block_table)) for i, w in self._worst.items())
+
+    @property
+    def available_blocks(self) -> int:
+        """What admission can hand out: free blocks minus those promised to running requests."""
+        return self.pool.blocks_free - self.promised_blocks
 
     def _worst_blocks(self, request) -> int:
         return -(-request.positions_needed // self.block_size)
@@ -127,7 +139,7 @@ class PagedKV:
         hits = self.pool.match_prefix(request.prompt) if self.cache_prefixes else []
         revived = sum(1 for b in hits if self.pool.refcount[b] == 0)  # cached free blocks it takes back
         need = self._worst_blocks(request) - len(hits)
-        return need <= self.pool.blocks_free - revived - self._promised()
+        return need <= self.available_blocks - revived
 
     def admit(self, request):
         """-> (sequence, cached_tokens)."""

@@ -45,7 +45,18 @@ KNOWN_CONFIGS = {
     "Llama-2-70B": {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
                     "hidden_size": 8192, "max_position_embeddings": 4096},
     "Mistral-7B": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                   "hidden_size": 4096, "max_position_embeddings": 32768},
+                   "hidden_size": 4096, "max_position_embeddings": 32768, "sliding_window": 4096},
+}
+
+# Where each shape in KNOWN_CONFIGS is published (papers and the Hugging Face model cards' config.json).
+CONFIG_SOURCES = {
+    "SmolLM2-135M": "HuggingFaceTB/SmolLM2-135M, config.json (Allal et al. 2025, SmolLM2)",
+    "Llama-2-7B": "Touvron et al. 2023, Llama 2 (arXiv:2307.09288), Table 1; meta-llama/Llama-2-7b-hf, config.json",
+    "Llama-2-13B": "Touvron et al. 2023, Llama 2 (arXiv:2307.09288), Table 1; meta-llama/Llama-2-13b-hf, config.json",
+    "Llama-2-70B": "Touvron et al. 2023, Llama 2 (arXiv:2307.09288), Table 1 (GQA); meta-llama/Llama-2-70b-hf, "
+                   "config.json",
+    "Mistral-7B": "Jiang et al. 2023, Mistral 7B (arXiv:2310.06825), Table 1 (window 4096); "
+                  "mistralai/Mistral-7B-v0.1, config.json",
 }
 
 KIB, MIB, GIB = 2 ** 10, 2 ** 20, 2 ** 30
@@ -229,3 +240,11 @@ def capacity_for(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str, cont
     return {"bytes_per_token": spec.bytes_per_token, "bytes_per_request": per_request,
             "requests": spec.requests_that_fit(budget, context, block_size),
             "tokens": spec.tokens_that_fit(budget), "budget_bytes": int(budget)}
+
+
+def sliding_window_kv_bytes(source, context: int, window: int, dtype=None, block_size: int | None = None) -> int:
+    """KV bytes of one request of `context` tokens when attention only looks back `window`
+    positions (Mistral 7B's rolling buffer): the cache never holds more than `window` positions,
+    so it is bytes_per_request(min(context, window))."""
+    context, window = _positive_int("context", context), _positive_int("window", window)
+    return kv_spec(source, dtype).bytes_per_request(min(context, window), block_size)

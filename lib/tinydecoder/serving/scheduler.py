@@ -98,6 +98,7 @@ class Step:
     running: int  # requests admitted and not finished, during this step
     free_blocks: int | None  # KV blocks free after the step (None: unlimited pool)
     wall_s: float | None = None  # only with record_wall=True; never compare it
+    available_blocks: int | None = None  # free blocks not promised to running requests: what admission sees
 
     @property
     def batch_tokens(self) -> int:
@@ -362,7 +363,8 @@ def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_ru
             raise RuntimeError("the engine is stuck: waiting requests cannot be admitted into an empty pool")
         entries = engine.apply(model, plan, step, sampler, stop_tokens) if plan else []
         wall = (time.perf_counter() - t0) if record_wall else None
-        steps.append(Step(step, entries, len(engine.waiting), n_running, backend.free_blocks, wall))
+        steps.append(Step(step, entries, len(engine.waiting), n_running, backend.free_blocks, wall,
+                          getattr(backend, "available_blocks", backend.free_blocks)))
         step += 1
     return Schedule(requests, steps, engine.results, token_budget, max_running)
 

@@ -197,27 +197,65 @@ MEMORY_STATES = ("free", "allocated, empty", "holding a position")
 MEMORY_COLORS = ("#f4f4f4", "#f4a261", "#2a9d8f")
 
 
+def block_id_colors(n_blocks: int):
+    """A categorical colour map for physical block ids 0..n_blocks-1: neighbouring ids get
+    unrelated colours (tab20, repeated past 20), because a block id is a name, not a size."""
+    from matplotlib.colors import ListedColormap
+
+    if isinstance(n_blocks, bool) or not isinstance(n_blocks, (int, np.integer)) or n_blocks < 1:
+        raise ValueError(f"n_blocks must be an integer >= 1, got {n_blocks!r}")
+    palette = plt.get_cmap("tab20").colors
+    return ListedColormap([palette[i % len(palette)] for i in range(int(n_blocks))], name="block_ids")
+
+
 def block_table_heatmap(ax, table, row_labels=None, title=None, *, shared=None, annotate=True,
                         ylabel="sequence", colorbar=True, n_blocks=None):
     """Block tables as a heatmap: row = sequence, column = logical block, colour and number =
-    the physical block holding it; cells without a block (-1) grey and hatched. `shared`:
-    (row, col) cells to outline (e.g. blocks held by more than one sequence); `n_blocks`: the
-    pool size, to fix the colour scale (default: the largest id shown)."""
-    from matplotlib.ticker import MaxNLocator
-
+    the physical block holding it (categorical colours: one per block id); cells without a
+    block (-1) grey and hatched. `shared`: (row, col) cells to outline (e.g. blocks held by
+    more than one sequence); `n_blocks`: the pool size (default: the largest id shown + 1)."""
     table = np.asarray(table)
     if table.ndim != 2:
         raise ValueError(f"block table must be 2-D [sequences, logical blocks], got shape {table.shape}")
-    top = max(1, int(table.max()) if n_blocks is None else int(n_blocks) - 1)
-    im = heatmap(ax, table.astype(float), row_labels, None, title, mask=table < 0, cmap="viridis",
+    n = max(1, int(table.max()) + 1 if n_blocks is None else int(n_blocks))
+    im = heatmap(ax, table.astype(float), row_labels, None, title, mask=table < 0, cmap=block_id_colors(n),
                  annotate=annotate and table.size <= 400, fmt="{:.0f}", xlabel="logical block",
                  ylabel=ylabel, colorbar=colorbar, cbar_label="physical block" if colorbar else None,
-                 vmin=0, vmax=top)
+                 vmin=-0.5, vmax=n - 0.5)
     if colorbar and im.colorbar is not None:
+        from matplotlib.ticker import MaxNLocator
+
         im.colorbar.locator = MaxNLocator(integer=True)
         im.colorbar.update_ticks()
     for i, j in (shared or ()):
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
+    return im
+
+
+def block_holders_heatmap(ax, table, holders, row_labels=None, title=None, *, n_sequences=None,
+                          xlabel="logical block", ylabel="request"):
+    """Prefix sharing in block tables: colour = how many sequences hold the block (one colour
+    per count 1..n_sequences, the colour bar's ticks exactly those counts), the number in a
+    cell = the physical block; cells without a block grey and hatched."""
+    from matplotlib.colors import ListedColormap
+
+    table, holders = np.asarray(table), np.asarray(holders)
+    if table.shape != holders.shape or table.ndim != 2:
+        raise ValueError(f"table and holders must be 2-D of one shape, got {table.shape} and {holders.shape}")
+    n = int(holders.max()) if n_sequences is None else int(n_sequences)
+    if n < 1 or holders.max() > n:
+        raise ValueError(f"n_sequences must be >= 1 and >= every holder count, got {n_sequences!r}")
+    blues = plt.get_cmap("Blues")
+    cmap = ListedColormap([blues(0.25 + 0.7 * k / max(1, n - 1)) for k in range(n)])
+    im = heatmap(ax, holders.astype(float), row_labels, None, title, mask=table < 0, cmap=cmap,
+                 vmin=0.5, vmax=n + 0.5, xlabel=xlabel, ylabel=ylabel, colorbar=True,
+                 cbar_label="sequences holding the block")
+    im.colorbar.set_ticks(range(1, n + 1))
+    for (r, c), block in np.ndenumerate(table):
+        if block >= 0:
+            red, green, blue, _ = cmap(im.norm(holders[r, c]))
+            dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
+            ax.text(c, r, str(int(block)), ha="center", va="center", fontsize=8, color="white" if dark else "black")
     return im
 
 
@@ -245,7 +283,7 @@ def memory_map(ax, states, title=None, *, slots_per_block=None, xlabel="memory s
 
 
 def workload_memory_lines(ax, memory, title=None):
-    """Positions held vs contiguous reservation vs paged slots over a trace (a WorkloadMemory);
+    """Positions held vs contiguous reservation vs paged slots over a workload (a WorkloadMemory);
     the gaps above the held line are waste."""
     steps = memory.steps
     ax.plot(steps, memory.reserved, color="C3", label="contiguous: reserved slots")
