@@ -88,3 +88,16 @@ def test_bad_arguments():
         random_mla(d_rope=3)
     with pytest.raises(ValueError, match="head_dim must be a positive integer"):
         random_mla(head_dim=0)
+
+
+def test_cache_figure_and_widget():
+    import matplotlib.pyplot as plt
+
+    from tinydecoder import mla_viz
+
+    fig = mla_viz.cache_bars_figure(cache_table(9, 64, 30, 3, 256, 32), "SmolLM2")
+    assert isinstance(fig, plt.Figure) and [b.get_height() for b in fig.axes[0].patches] == [34560, 11520, 3840, 8640]
+    box = mla_viz.mla_cache_widget(9, 64, 30, 3, "SmolLM2")
+    assert box.data["rows"][3]["elements_per_token"] == 8640
+    box.controls["d_latent"].value = 128
+    assert box.data["rows"][3]["elements_per_token"] == (128 + 32) * 30
