@@ -2,7 +2,6 @@
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-
 import tinydecoder as td
 from tinydecoder import long_context_viz as lv
 

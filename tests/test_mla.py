@@ -1,9 +1,15 @@
 """Toy multi-head latent attention (tinydecoder.mla)."""
 import numpy as np
 import pytest
-
-from tinydecoder.mla import (DEEPSEEK_V2, absorbed_weights, cache_elements_per_token, cache_table,
-                             mla_attention, mla_attention_absorbed, random_mla)
+from tinydecoder.mla import (
+    DEEPSEEK_V2,
+    absorbed_weights,
+    cache_elements_per_token,
+    cache_table,
+    mla_attention,
+    mla_attention_absorbed,
+    random_mla,
+)
 
 X = np.random.default_rng(5).standard_normal((9, 32))
 
@@ -92,7 +98,6 @@ def test_bad_arguments():
 
 def test_cache_figure_and_widget():
     import matplotlib.pyplot as plt
-
     from tinydecoder import mla_viz
 
     fig = mla_viz.cache_bars_figure(cache_table(9, 64, 30, 3, 256, 32), "SmolLM2")

@@ -1,10 +1,15 @@
 """SinkCache (attention sinks + sliding window, StreamingLLM) and the long-context helpers."""
 import numpy as np
 import pytest
-
 import tinydecoder as td
-from tinydecoder.sink_cache import (SinkCache, kept_positions, next_token_nll, rolling_buffer_slots,
-                                    sliding_window_kv_bytes, stream_forward)
+from tinydecoder.sink_cache import (
+    SinkCache,
+    kept_positions,
+    next_token_nll,
+    rolling_buffer_slots,
+    sliding_window_kv_bytes,
+    stream_forward,
+)
 
 ROPE = td.Config(vocab_size=23, d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, n_layers=3,
                  d_ff=20, max_context=64, position="rope", rope_base=100.0)

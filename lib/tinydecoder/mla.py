@@ -106,7 +106,7 @@ def _project(w: MLAWeights, x, cache):
 
 def _weights(w, content_scores, q_rope, k_rope):
     """Softmax of (content + RoPE scores) / sqrt(d + d_R), causal.  -> [H, S, T]"""
-    H, S, T = content_scores.shape
+    _, S, T = content_scores.shape  # [H, S, T]
     scores = content_scores + np.einsum("shr,tr->hst", q_rope, k_rope)
     scores = scores * scores.dtype.type(1 / math.sqrt(w.head_dim + w.d_rope))
     return softmax(scores + causal_mask(S, T, scores.dtype))
