@@ -16,11 +16,12 @@ from .core.kv_quant import QuantizedKVCache
 from .core.model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, layer_input
 from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
 from .core.sampling import greedy
+from .core.sink_cache import SinkCache
 from .core.toy import SEED_CONTINUATION, SEED_PROMPT, random_model, toy_config, toy_model
 from .core.trace import Trace
 
 __all__ = [
-    "Config", "KVCache", "QuantizedKVCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
+    "Config", "KVCache", "QuantizedKVCache", "SinkCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
     "forward", "forward_fast", "forward_batch", "decoder_block", "embed_tokens", "layer_input",
     "generate", "greedy", "work_counts", "check_token_ids",
     "rmsnorm", "softmax", "silu", "swiglu", "attention", "flash_attention", "merge_partials",

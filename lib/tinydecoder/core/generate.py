@@ -54,6 +54,12 @@ def work_counts(config: Config, past: int, new: int) -> tuple:
     return config.n_layers * new, config.n_layers * config.n_heads * pairs_per_head
 
 
+def tokens_fed(cache) -> int:
+    """Tokens a cache has consumed: len(cache), unless it evicts (a SinkCache holds fewer
+    positions than it was fed and says how many with `tokens_seen`)."""
+    return getattr(cache, "tokens_seen", len(cache))
+
+
 def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_cache: bool = True,
              cache=None, stop_tokens=(), on_token=None) -> Generation:
     """Generate up to `max_new_tokens` tokens after `prompt`.
@@ -75,15 +81,15 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
             cache = model.new_cache(capacity=needed)
         else:
             cache.check(cfg, model.dtype)
-            if len(cache) >= len(tokens):
-                raise ValueError(f"the cache already holds {len(cache)} positions; the prompt "
+            if tokens_fed(cache) >= len(tokens):
+                raise ValueError(f"the cache already holds {tokens_fed(cache)} positions; the prompt "
                                  f"({len(tokens)} tokens) must extend it by at least one token")
     elif cache is not None:
         raise ValueError("use_cache=False recomputes everything; do not pass a cache")
     result = Generation(tokens=tokens, prompt_length=len(tokens), cache=cache if use_cache else None)
     for step in range(1, max_new_tokens + 1):
-        past = len(cache) if use_cache else 0
-        new = tokens[past:]
+        past = len(cache) if use_cache else 0  # positions attended to
+        new = tokens[tokens_fed(cache) if use_cache else 0:]
         logits = forward_fast(model, new, cache if use_cache else None, last_only=True)[-1]  # [V]
         rows, pairs = work_counts(cfg, past, len(new))
         result.projected_rows += rows
