@@ -1,8 +1,11 @@
 """tinydecoder: a small numpy decoder for learning how an LLM executes a request."""
+from .beam import Beam, BeamSearchResult, beam_search, sequence_logprob
 from .cache import KVCache
 from .config import Config
 from .generate import Event, Generation, generate, greedy, work_counts
 from .model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, forward_batch, layer_input
+from .processors import (FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty,
+                         StopSequences)
 from .paged import PagedKVPool, PagedSequence, PoolExhaustedError
 from .ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
 from .toy import SEED_CONTINUATION, SEED_PROMPT, random_model, toy_config, toy_model
@@ -14,4 +17,6 @@ __all__ = [
     "rmsnorm", "softmax", "silu", "swiglu", "attention", "causal_mask", "repeat_kv", "apply_rope",
     "rope_angles", "toy_model", "toy_config", "random_model", "SEED_PROMPT", "SEED_CONTINUATION",
     "PagedKVPool", "PagedSequence", "PoolExhaustedError",
+    "beam_search", "Beam", "BeamSearchResult", "sequence_logprob",
+    "RepetitionPenalty", "FrequencyPenalty", "PresencePenalty", "MinP", "LogitBias", "StopSequences", "MaxLength",
 ]
