@@ -23,7 +23,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from .model import Model, check_token_ids, forward, forward_batch
-from .processors import apply_processors, check_processors
+from .processors import apply_processors, check_processors, should_stop
 from .sampling import best_tokens
 
 
@@ -91,7 +91,8 @@ def beam_search(model: Model, prompt, beams: int, max_new_tokens: int, length_pe
     """The `beams` best continuations of `prompt` (at most `max_new_tokens` tokens), best first.
 
     use_cache=False recomputes every beam's whole context each step (the reference path).
-    `processors` rewrite each beam's logits before its log-probabilities are taken.
+    `processors` rewrite each beam's logits before its log-probabilities are taken; a candidate
+    that a stopping rule among them (e.g. StopSequences) declares done finishes like a stop token.
     result.steps[t] lists the candidates of step t, best first, as dicts: parent (index of the
     live beam of step t-1 it extends; 0 = the prompt at step 0), token, tokens (the new tokens so
     far), logprob (summed), status ("kept": live at step t+1 with index `beam`; "finished";
@@ -127,7 +128,7 @@ def beam_search(model: Model, prompt, beams: int, max_new_tokens: int, length_pe
             if logprob == -np.inf:
                 break
             cand = {"parent": b, "token": token, "tokens": toks, "logprob": logprob, "status": "pruned", "beam": None}
-            if token in stop:
+            if token in stop or (processors and should_stop(processors, prompt + toks, len(prompt))):
                 if rank < beams:
                     cand["status"] = "finished"
                     finished.append(Beam(toks, logprob, length_normalised(logprob, len(toks), length_penalty), True))
