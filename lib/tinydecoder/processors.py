@@ -56,7 +56,7 @@ class RepetitionPenalty:
                              f"repeats), got {penalty!r}")
 
     def __call__(self, tokens, logits) -> np.ndarray:
-        out = check_logits(logits).copy()
+        out = check_logits(logits)  # a new float64 array
         seen = np.flatnonzero(_counts(tokens, out.size))  # each seen id once, however often it occurs
         z = out[seen]
         out[seen] = np.where(z > 0, z / self.penalty, z * self.penalty)
@@ -103,7 +103,7 @@ class MinP:
             raise ValueError(f"min_p must be a number in [0, 1] (0 = off), got {min_p!r}")
 
     def __call__(self, tokens, logits) -> np.ndarray:
-        out = check_logits(logits).copy()
+        out = check_logits(logits)  # a new float64 array
         probs = probabilities(out)  # [V] float64
         out[probs < self.min_p * probs.max()] = -np.inf  # the best token always stays
         return out
@@ -127,7 +127,7 @@ class LogitBias:
         self.values = np.array([float(bias[i]) for i in sorted(bias)])
 
     def __call__(self, tokens, logits) -> np.ndarray:
-        out = check_logits(logits).copy()
+        out = check_logits(logits)  # a new float64 array
         if self.ids[-1] >= out.size:
             raise ValueError(f"logit bias names token {int(self.ids[-1])}, but the vocabulary has "
                              f"{out.size} ids (0..{out.size - 1})")
