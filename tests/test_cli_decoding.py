@@ -70,6 +70,9 @@ def test_smollm2_beams_and_stop(capsys):
     assert cli_main([*args, "--stop", "\n\n"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["text"] == " Paris." and out["token_ids"] == [7042, 30, 198, 198]  # "\n" + "\n": two tokens
+    # streamed: what could be the start of a stop string is held back, the stop string never shown
+    assert cli_main(args[:-1] + ["--stop", " answer"]) == 0
+    assert capsys.readouterr().out == " Paris.\n\nThe\n"  # greedy: " Paris.\n\nThe answer is"
     assert cli_main([*args, "--beams", "2", "--repetition-penalty", "1.3"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["beams"]) == 2 and out["beams"][0]["score"] >= out["beams"][1]["score"]
