@@ -7,6 +7,7 @@ Sub-packages, each importing only from those before it:
     lessons     helpers only the notebooks need (heads, phases, bugs, exercises, the RoPE lab)
     viz, widgets  figures and interactive widgets for the notebooks
 """
+from .core.beam import Beam, BeamSearchResult, beam_search, sequence_logprob
 from .core.cache import KVCache
 from .core.config import Config
 from .core.fast import forward_batch, forward_fast
@@ -15,6 +16,7 @@ from .core.generate import Event, Generation, generate, work_counts
 from .core.kv_quant import QuantizedKVCache
 from .core.model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, layer_input
 from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
+from .core.processors import FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty, StopSequences
 from .core.sampling import greedy
 from .core.sink_cache import SinkCache
 from .core.toy import SEED_CONTINUATION, SEED_PROMPT, random_model, toy_config, toy_model
@@ -27,4 +29,6 @@ __all__ = [
     "rmsnorm", "softmax", "silu", "swiglu", "attention", "flash_attention", "merge_partials",
     "causal_mask", "repeat_kv", "apply_rope",
     "rope_angles", "toy_model", "toy_config", "random_model", "SEED_PROMPT", "SEED_CONTINUATION",
+    "beam_search", "Beam", "BeamSearchResult", "sequence_logprob",
+    "RepetitionPenalty", "FrequencyPenalty", "PresencePenalty", "MinP", "LogitBias", "StopSequences", "MaxLength",
 ]

@@ -77,10 +77,57 @@ def _int_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
+def _decoding_processors(args) -> list:
+    """The logits processors --repetition-penalty and --min-p ask for (stop strings: see below)."""
+    from .core.processors import MinP, RepetitionPenalty
+
+    return ([RepetitionPenalty(args.repetition_penalty)] if args.repetition_penalty is not None else []) + \
+        ([MinP(args.min_p)] if args.min_p is not None else [])
+
+
+def cmd_beams(args, processors) -> int:
+    """--beams N: beam search; prints the best beam (with --json: every beam and its log-prob)."""
+    from .core.beam import beam_search
+    from .core.processors import StopSequences
+
+    if any(v is not None for v in (args.temperature, args.top_k, args.top_p, args.seed)):
+        raise ValueError("--beams is a deterministic search: drop --temperature/--top-k/--top-p/--seed")
+    if args.no_cache:
+        raise ValueError("--beams always uses a KV cache per beam: drop --no-cache")
+    if args.model == "toy":
+        from .core.toy import toy_model
+
+        model, stop_tokens, decode = toy_model(), (), lambda ids: " ".join(map(str, ids))
+        try:
+            prompt = [int(t) for t in args.prompt.split()]
+        except ValueError:
+            raise ValueError(f"--model toy takes token ids separated by spaces, got {args.prompt!r}") from None
+    else:
+        from .checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, load_smollm2, smollm2_tokenizer
+
+        model, tok, stop_tokens = load_smollm2(), smollm2_tokenizer(), (IM_END_ID, ENDOFTEXT_ID)
+        decode = lambda ids: tok.decode([i for i in ids if i not in stop_tokens])
+        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
+    stop_text = StopSequences(args.stop, decode) if args.stop else None
+    result = beam_search(model, prompt, args.beams, args.max_new_tokens, stop_tokens=stop_tokens,
+                         processors=processors + ([stop_text] if stop_text else []))
+    texts = [stop_text.trim(decode(b.tokens)) if stop_text else decode(b.tokens) for b in result.beams]
+    if args.json:
+        print(json.dumps({"prompt_token_ids": prompt, "token_ids": result.best.tokens, "text": texts[0],
+                          "forward_calls": result.forward_calls,
+                          "beams": [b.to_dict() | {"text": t} for b, t in zip(result.beams, texts)]}, indent=2))
+    else:
+        print(texts[0])
+    return 0
+
+
 def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (SmolLM2 text, or toy-model token ids)."""
     from .checkpoint.smollm2 import TextGeneration, generate_text, timed_generate
 
+    processors = _decoding_processors(args)
+    if args.beams is not None:
+        return cmd_beams(args, processors)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     stream = not args.json
 
@@ -103,14 +150,19 @@ def cmd_generate(args) -> int:
 
             sampler = make_sampler(**sampling)
         model = toy_model()  # float64, as in the seed
+        if args.stop:  # the toy's text is its ids: "--stop '2 0'" stops after ... 2 0
+            from .core.processors import StopSequences
+
+            processors.append(StopSequences(args.stop, lambda ids: " ".join(map(str, ids))))
         gen, prefill_s, decode_s = timed_generate(
             model, prompt, args.max_new_tokens, sampler=sampler, use_cache=not args.no_cache,
-            on_token=(lambda t: show(f" {t}")) if stream else None)
+            on_token=(lambda t: show(f" {t}")) if stream else None, processors=processors)
         result = TextGeneration(prompt, gen.new_tokens, " ".join(map(str, gen.new_tokens)), prefill_s,
                                 decode_s, gen.cache.nbytes if gen.cache is not None else 0, generation=gen)
     else:
         result = generate_text(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                               use_cache=not args.no_cache, on_text=show if stream else None, **sampling)
+                               use_cache=not args.no_cache, on_text=show if stream else None,
+                               processors=processors, stop=args.stop, **sampling)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -199,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=_int_arg, help="sample among the k most likely tokens")
     gen.add_argument("--top-p", type=_float_arg, help="sample within the top-p probability mass (0 < p <= 1)")
     gen.add_argument("--seed", type=_int_arg, help="random seed, for repeatable sampling")
+    gen.add_argument("--beams", type=_positive_int, help="beam search with N beams instead of one token at a time "
+                                                          "(deterministic; prints the best beam)")
+    gen.add_argument("--repetition-penalty", type=_float_arg,
+                     help="divide positive / multiply negative logits of tokens already seen (> 0; 1 = off)")
+    gen.add_argument("--min-p", type=_float_arg, help="keep tokens with p >= MIN_P * p(best token) (0..1)")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop once the generated text contains TEXT (repeatable; the text is cut before it)")
     gen.add_argument("--no-cache", action="store_true",
                      help="recompute the whole context every step instead of using a KV cache (slow)")
     gen.add_argument("--json", action="store_true",

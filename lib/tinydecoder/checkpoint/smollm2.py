@@ -110,7 +110,7 @@ class TextGeneration:
 
 
 def timed_generate(model, prompt_ids, max_new_tokens, *, sampler=None, use_cache=True, cache=None,
-                   stop_tokens=(), on_token=None) -> tuple:
+                   stop_tokens=(), on_token=None, processors=()) -> tuple:
     """`generate` plus the time to the first token and from the first to the last.
     Returns (Generation, prefill_seconds, decode_seconds)."""
     times = []
@@ -122,20 +122,23 @@ def timed_generate(model, prompt_ids, max_new_tokens, *, sampler=None, use_cache
 
     start = time.perf_counter()
     gen = generate(model, prompt_ids, max_new_tokens, sampler=sampler or greedy, use_cache=use_cache,
-                   cache=cache, stop_tokens=stop_tokens, on_token=record)
+                   cache=cache, stop_tokens=stop_tokens, on_token=record, processors=processors)
     return gen, times[0] - start, times[-1] - times[0]
 
 
 def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, temperature=None,
                   top_k=None, top_p=None, seed=None, use_cache: bool = True, cache=None,
-                  on_text=None, model=None, tokenizer=None) -> TextGeneration:
+                  on_text=None, model=None, tokenizer=None, processors=(), stop=()) -> TextGeneration:
     """Continue `prompt` with SmolLM2 (or the model/tokenizer given), streaming text to `on_text`.
 
     prompt: a string, or a list of {"role", "content"} messages (implies chat=True).
     chat=True writes the prompt with the chat template (a string becomes one user message).
     Generation stops at <|im_end|> (the end of a turn) or <|endoftext|>. Greedy unless temperature,
     top_k or top_p is given (see tinydecoder.sampling.make_sampler; seed makes it repeatable).
-    cache: a KV cache that already holds a prefix of the prompt's tokens (see Chat)."""
+    cache: a KV cache that already holds a prefix of the prompt's tokens (see Chat).
+    processors: logits processors (core.processors); stop: strings that end generation
+    when the text contains one (the text is cut before it; streaming holds back what could be
+    the start of a stop string)."""
     tok = smollm2_tokenizer() if tokenizer is None else tokenizer
     if not isinstance(prompt, str):
         chat, messages = True, prompt
@@ -151,25 +154,42 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
 
         sampler = make_sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     stop_tokens = (IM_END_ID, ENDOFTEXT_ID)
+    stop_text = None
+    if stop:
+        from ..core.processors import StopSequences
+
+        stop_text = StopSequences(stop, lambda ids: tok.decode([i for i in ids if i not in stop_tokens]))
+        processors = list(processors) + [stop_text]
+    hold = max((len(s) for s in stop_text.stops), default=1) - 1 if stop_text else 0
     stream = tok.stream()
-    pieces = []
+    pieces, shown = [], [0]  # shown[0]: characters already passed to on_text
+
+    def emit(final=False):
+        text = "".join(pieces)
+        safe = stop_text.trim(text) if stop_text else text
+        if not final and stop_text and len(safe) == len(text):
+            safe = text[:max(0, len(text) - hold)]  # could be the start of a stop string
+        if on_text is not None and len(safe) > shown[0]:
+            on_text(safe[shown[0]:])
+            shown[0] = len(safe)
+        return safe
 
     def on_token(token):
         if token in stop_tokens:
             return
-        piece = stream.step(token)
-        pieces.append(piece)
-        if on_text is not None and piece:
-            on_text(piece)
+        pieces.append(stream.step(token))
+        emit()
 
     gen, prefill_s, decode_s = timed_generate(model, prompt_ids, max_new_tokens, sampler=sampler,
                                               use_cache=use_cache, cache=cache, stop_tokens=stop_tokens,
-                                              on_token=on_token)
+                                              on_token=on_token, processors=processors)
     new = gen.new_tokens
-    return TextGeneration(prompt_token_ids=list(prompt_ids), token_ids=list(new), text="".join(pieces),
+    text = emit(final=True)
+    return TextGeneration(prompt_token_ids=list(prompt_ids), token_ids=list(new), text=text,
                           prefill_seconds=prefill_s, decode_seconds=decode_s,
                           cache_bytes=gen.cache.nbytes if gen.cache is not None else 0,
-                          stopped=bool(new) and new[-1] in stop_tokens, generation=gen)
+                          stopped=bool(new) and (new[-1] in stop_tokens or len(text) < len("".join(pieces))),
+                          generation=gen)
 
 
 class Chat:

@@ -61,14 +61,19 @@ def tokens_fed(cache) -> int:
 
 
 def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_cache: bool = True,
-             cache=None, stop_tokens=(), on_token=None) -> Generation:
+             cache=None, stop_tokens=(), on_token=None, processors=()) -> Generation:
     """Generate up to `max_new_tokens` tokens after `prompt`.
 
     use_cache=True: round 1 prefills the prompt into a KV cache, every later round feeds only
     the token chosen in the round before. use_cache=False recomputes the whole context every
     round (the slow reference path). A cache passed in may already hold a prefix of the
     prompt; only the rest is prefilled. `sampler(logits) -> id` picks each token (greedy by
-    default); generation stops after a token in `stop_tokens`; `on_token(id)` streams."""
+    default); generation stops after a token in `stop_tokens`; `on_token(id)` streams.
+    `processors` (see tinydecoder.processors) rewrite the last logits, given the tokens so far,
+    before the sampler sees them; a stopping rule among them (`is_done`) can end generation."""
+    from .processors import apply_processors, check_processors, should_stop
+
+    processors = check_processors(processors)
     cfg = model.config
     check_max_new_tokens(max_new_tokens)
     tokens = [int(t) for t in check_token_ids(cfg, prompt)]
@@ -94,12 +99,12 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
         rows, pairs = work_counts(cfg, past, len(new))
         result.projected_rows += rows
         result.score_pairs += pairs
-        token = int(sampler(logits))
+        token = int(sampler(apply_processors(processors, tokens, logits) if processors else logits))
         result.events.append(Event(step, "prefill" if step == 1 else "decode", len(new),
                                    past + len(new), token, logits))
         tokens.append(token)
         if on_token is not None:
             on_token(token)
-        if token in stop_tokens:
+        if token in stop_tokens or should_stop(processors, tokens, result.prompt_length):
             break
     return result
