@@ -64,34 +64,61 @@ def cache_scrubber_widget(model, prompt, max_new_tokens, layer=0):
     return box
 # ----------------------------------------------------------------------------- 09: sampling
 
-def sampling_figure(view, labels):
+SAMPLING_LOG_FLOOR = 1e-6  # the bottom of the log-scale axis: smaller probabilities sit on it
+
+
+def sampling_bars(view, log_scale=False, floor=SAMPLING_LOG_FLOOR):
+    """The bar heights and axis of the sampling figure for a core.sampling.distribution_view.
+
+    Linear: the probabilities, axis 0..1.02. Log scale: the probabilities clipped up to `floor`
+    (a token filtered out, probability 0, sits on the floor), axis floor..1.5 on a log10 scale,
+    so that probabilities of 1e-2 .. 1e-5 (the tail) are as visible as the best token's.
+    Returns {"base", "probs" [n], "yscale", "ylim", "ylabel", "below_floor" (how many of the
+    sampled-from bars are under the floor, zeros included)}."""
+    if not 0 < floor < 1:
+        raise ValueError(f"floor must be in (0, 1), got {floor}")
+    base, probs = np.asarray(view["base"], dtype=np.float64), np.asarray(view["probs"], dtype=np.float64)
+    if not log_scale:
+        return {"base": base, "probs": probs, "yscale": "linear", "ylim": (0.0, 1.02), "ylabel": "probability",
+                "below_floor": 0}
+    return {"base": np.maximum(base, floor), "probs": np.maximum(probs, floor), "yscale": "log",
+            "ylim": (floor, 1.5), "ylabel": "probability (log scale)", "below_floor": int((probs < floor).sum())}
+
+
+def sampling_figure(view, labels, log_scale=False):
     """Bars of the best tokens: grey = probability at temperature 1 with nothing filtered,
-    colour = the distribution the sampler draws from (zero for tokens filtered out)."""
+    colour = the distribution the sampler draws from (zero for tokens filtered out); on a log
+    scale with log_scale (see sampling_bars)."""
     ids = view["ids"]
+    bars = sampling_bars(view, log_scale)
     x = np.arange(len(ids))
     fig, ax = plt.subplots(figsize=(11, 3.6), layout="constrained")
-    ax.bar(x - 0.2, view["base"], 0.4, color="#c8c8c8", label="temperature 1, no filter")
+    bottom = bars["ylim"][0] if log_scale else 0.0
+    ax.bar(x - 0.2, bars["base"] - bottom, 0.4, bottom=bottom, color="#c8c8c8", label="temperature 1, no filter")
     colors = ["C0" if k else "#f0f0f0" for k in view["kept"]]
-    ax.bar(x + 0.2, view["probs"], 0.4, color=colors, edgecolor="C0", label="sampled from (kept)")
+    ax.bar(x + 0.2, bars["probs"] - bottom, 0.4, bottom=bottom, color=colors, edgecolor="C0",
+           label="sampled from (kept)")
+    ax.set_yscale(bars["yscale"])
     ax.set_xticks(x)
     name = labels if callable(labels) else labels.__getitem__
     ax.set_xticklabels([repr(name(int(i))) for i in ids], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("probability")
+    ax.set_ylabel(bars["ylabel"])
     ax.set_xlabel("next token (best first)")
     s = view["settings"]
     mode = "greedy" if view["greedy"] else (f"T={s['temperature'] if s['temperature'] is not None else 1}, "
                                             f"top-k={s['top_k'] or 'off'}, top-p={s['top_p'] or 'off'}")
     ax.set_title(f"{mode}: {view['n_kept']} token(s) kept, holding {view['kept_base_mass']:.3f} "
                  f"of the temperature-1 mass")
-    ax.set_ylim(0, 1.02)
+    ax.set_ylim(*bars["ylim"])
     ax.legend(fontsize=8)
     return fig
 
 
-def sampling_widget(logits, labels, n_show=15):
+def sampling_widget(logits, labels, n_show=15, log_scale=False):
     """Sliders "temperature" (0 = greedy), "top-k" (0 = off) and "top-p" (1 = off) redraw the
-    kept set and the probabilities of the best `n_show` tokens. labels: a sequence (labels[id])
-    or a function (labels(id)) giving a token's text."""
+    kept set and the probabilities of the best `n_show` tokens; checkbox "log scale" shows the
+    small probabilities of the tail. labels: a sequence (labels[id]) or a function (labels(id))
+    giving a token's text."""
     from ..core.sampling import distribution_view
 
     temperature = W.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
@@ -99,12 +126,14 @@ def sampling_widget(logits, labels, n_show=15):
     top_k = W.IntSlider(value=0, min=0, max=50, description="top-k (0 = off)", continuous_update=False, style=STYLE)
     top_p = W.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p (1 = off)",
                           continuous_update=False, style=STYLE)
+    log_box = W.Checkbox(value=log_scale, description="log scale", style=STYLE)
 
-    def compute(temperature, top_k, top_p):
-        return distribution_view(logits, temperature, top_k or None, None if top_p >= 1.0 else top_p, n_show)
+    def compute(temperature, top_k, top_p, log_scale):
+        view = distribution_view(logits, temperature, top_k or None, None if top_p >= 1.0 else top_p, n_show)
+        return {**view, "log_scale": bool(log_scale)}
 
-    return panel({"temperature": temperature, "top_k": top_k, "top_p": top_p}, compute,
-                 lambda view: sampling_figure(view, labels), title="next-token distribution")
+    return panel({"temperature": temperature, "top_k": top_k, "top_p": top_p, "log_scale": log_box}, compute,
+                 lambda view: sampling_figure(view, labels, view["log_scale"]), title="next-token distribution")
 # ----------------------------------------------------------------------------- 04: RoPE
 
 def rope_figure(view, pairs=(0, 1, 2, -1)):
@@ -221,19 +250,64 @@ def attention_view_figure(view, labels=None, group_size=1):
     return fig
 
 
-def attention_explorer_widget(trace, config, labels=None, layer=0, head="all", log_scale=False):
+def explorer_view(traces, config, layer, head="all", log_scale=False, prompt=None, *, model=None,
+                  tokenizer=None, max_tokens=None, keep=8):
+    """What the attention explorer draws: attention_view of the trace of `prompt` plus its
+    "labels" and "prompt". traces: dict prompt -> (trace, labels), filled on demand by tracing
+    a new prompt through `model` (lessons.real_model.trace_prompt, at most `max_tokens` tokens;
+    only the `keep` latest prompts are held). A prompt that cannot be traced (empty, too long)
+    gives {"error": message} instead of raising, so the widget shows the message."""
+    from ..lessons.real_model import MAX_PROMPT_TOKENS, trace_prompt
+
+    if prompt not in traces:
+        if model is None or tokenizer is None:
+            raise ValueError(f"prompt {prompt!r} has no trace and no model/tokenizer to trace it with")
+        try:
+            t = trace_prompt(model, tokenizer, prompt, max_tokens or MAX_PROMPT_TOKENS)
+        except ValueError as e:
+            return {"error": str(e), "prompt": prompt}
+        while len(traces) >= keep:  # forget the oldest typed prompt (dicts keep insertion order)
+            traces.pop(next(iter(traces)))
+        traces[prompt] = (t["trace"], t["labels"])
+    trace, labels = traces[prompt]
+    layer = min(int(layer), max(l for l, s in trace.attention_weights if s == 0))
+    return {**attention_view(trace, config, layer, head, log_scale), "labels": labels, "prompt": prompt}
+
+
+def explorer_figure(view, group_size=1):
+    """The explorer's drawing: the heatmaps, or the message of a prompt that could not be traced."""
+    if "error" in view:
+        return f"Cannot trace this prompt: {view['error']}"
+    return attention_view_figure(view, view["labels"], group_size)
+
+
+def attention_explorer_widget(trace, config, labels=None, layer=0, head="all", log_scale=False, *,
+                              model=None, tokenizer=None, prompt=None, max_tokens=None):
     """Slider "layer", dropdown "head" ("all" or one query head, with its KV head) and checkbox
     "log scale": redraws that layer's attention heatmaps from a traced forward (nothing is
-    recomputed, so it is quick even for a real model)."""
+    recomputed, so it is quick even for a real model). With `model`, `tokenizer` and the text
+    `prompt` that `trace` was traced from, a text box "prompt" lets the learner type another
+    prompt (at most max_tokens, default 32 tokens; Enter runs it): the model is run once on it
+    and traced. It starts on `trace`, so the first drawing is always the same."""
     layers = sorted(l for l, s in trace.attention_weights if s == 0)
     if not layers:
         raise ValueError("the trace holds no attention weights; run forward(model, ids, trace=Trace()) first")
+    if model is not None and (tokenizer is None or not isinstance(prompt, str)):
+        raise ValueError("a prompt box needs the tokenizer and the prompt text the trace was made from")
     layer_slider = W.IntSlider(value=layer, min=layers[0], max=layers[-1], description="layer",
                                continuous_update=False, style=STYLE)
     options = [("all heads", "all")] + [(f"head {h} (KV {config.kv_head_of(h)})", h) for h in range(config.n_heads)]
     head_dropdown = W.Dropdown(options=options, value=head, description="query head", style=STYLE)
     log_box = W.Checkbox(value=log_scale, description="log scale", style=STYLE)
-    return panel({"layer": layer_slider, "head": head_dropdown, "log_scale": log_box},
-                 lambda layer, head, log_scale: attention_view(trace, config, layer, head, log_scale),
-                 lambda view: attention_view_figure(view, labels, config.group_size),
+    controls = {"layer": layer_slider, "head": head_dropdown, "log_scale": log_box}
+    traces = {prompt: (trace, labels)}
+    if model is not None:
+        controls["prompt"] = W.Text(value=prompt, description="prompt", continuous_update=False, style=STYLE,
+                                    layout=W.Layout(width="32em"))
+
+    def compute(layer, head, log_scale, prompt=prompt):
+        return explorer_view(traces, config, layer, head, log_scale, prompt, model=model, tokenizer=tokenizer,
+                             max_tokens=max_tokens)
+
+    return panel(controls, compute, lambda view: explorer_figure(view, config.group_size),
                  title="attention of a real model, head by head")
