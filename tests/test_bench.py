@@ -201,3 +201,13 @@ def test_run_times_best_and_median():
     times = run_times(lambda: calls.append(1), repeat=4, warmup=1, after=lambda: calls.append(0))
     assert len(times) == 4 and calls == [1, 0] * 5 and all(t >= 0 for t in times)
     assert best_seconds(lambda: None, repeat=3) >= 0
+
+
+def test_both_paths_are_timed_and_agree_on_shapes():
+    model = load_bench_model("toy")
+    for path in ("fast", "reference"):
+        rows = batch_decode_speed(model, (1, 2), context=6, steps=1, path=path)
+        assert [r["batch"] for r in rows] == [1, 2] and all(r["tokens_per_second"] > 0 for r in rows)
+        assert set(decode_speed(model, [4], steps=1, path=path)) == {4}
+    with pytest.raises(ValueError, match="path must be one of"):
+        prefill_speed(model, 4, repeat=1, path="slow")
