@@ -173,3 +173,12 @@ def fast_cache_of(model, n):
     cache = model.new_cache()
     fast.forward_fast(model, list(range(1, n + 1)), cache)
     return cache
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9])
+def test_project_equals_matmul_for_every_row_count(rows):
+    rng = np.random.default_rng(rows)
+    x, w = rng.standard_normal((rows, 12)), rng.standard_normal((12, 7))
+    out = np.full((rows, 7), np.nan)
+    np.testing.assert_allclose(fast.project(x, w, out), x @ w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(fast.project(x, w.T.copy().T, out), x @ w, rtol=0, atol=1e-12)  # F-order w
