@@ -165,6 +165,8 @@ def attend(q, k, v):
     B, S, Hq, d = q.shape
     T, Hkv = k.shape[2], k.shape[1]
     g = Hq // Hkv
+    if S <= QUERY_BLOCK:  # a decode step or a short chunk: one block
+        return _attend_block(q, k, v, g).reshape(B * S, Hq * d)
     out = np.empty((B, S, Hq * d), q.dtype)
     for a in range(0, S, QUERY_BLOCK):
         b = min(a + QUERY_BLOCK, S)
