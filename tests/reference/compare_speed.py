@@ -24,6 +24,7 @@ Timings are wall clock (time.perf_counter) and depend on what else runs on the m
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -85,14 +86,17 @@ def hf_prefill(model, ids):
 
 
 def hf_decode(model, prompt):
+    # transformers 5.24 names the KV cache argument and output `cache` (`past_key_values` before)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
     @torch.no_grad()
     def run():
         out = model(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-        past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+        past, token = getattr(out, name), int(out.logits[0, -1].argmax())
         start = time.perf_counter()
         for _ in range(DECODE_STEPS):
-            out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
-            past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            out = model(torch.tensor([[token]]), use_cache=True, **{name: past})
+            past, token = getattr(out, name), int(out.logits[0, -1].argmax())
         return time.perf_counter() - start
     return run
 
@@ -136,6 +140,9 @@ def main() -> None:
         for name, forward in contenders.items():
             decode[name].append(DECODE_STEPS / td_decode(model, forward, prompt)())
         decode["transformers"].append(DECODE_STEPS / hf_decode(hf, prompt)())
+        print(f"round {len(decode['transformers'])}: " + "; ".join(
+            f"{name} prefill {[round(prefill[name][n][-1], 3) for n in PREFILL_LENGTHS]} s, "
+            f"decode {decode[name][-1]:.1f} tok/s" for name in prefill), flush=True)
 
     med = statistics.median
     print(f"SmolLM2-135M float32; torch {torch.__version__} ({torch.get_num_threads()} threads), "
