@@ -14,7 +14,7 @@ from .core.fast import forward_batch, forward_fast
 from .core.flash import flash_attention, merge_partials
 from .core.generate import Event, Generation, generate, work_counts
 from .core.kv_quant import QuantizedKVCache
-from .core.model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, layer_input
+from .core.model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, forward_each, layer_input
 from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
 from .core.processors import FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty, StopSequences
 from .core.sampling import greedy
@@ -24,7 +24,7 @@ from .core.trace import Trace
 
 __all__ = [
     "Config", "KVCache", "QuantizedKVCache", "SinkCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
-    "forward", "forward_fast", "forward_batch", "decoder_block", "embed_tokens", "layer_input",
+    "forward", "forward_each", "forward_fast", "forward_batch", "decoder_block", "embed_tokens", "layer_input",
     "generate", "greedy", "work_counts", "check_token_ids",
     "rmsnorm", "softmax", "silu", "swiglu", "attention", "flash_attention", "merge_partials",
     "causal_mask", "repeat_kv", "apply_rope",

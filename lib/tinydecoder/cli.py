@@ -58,7 +58,7 @@ def load_bench_model(name: str):
 def cmd_bench(args) -> int:
     from .serving.bench import format_report, run_bench
 
-    result = run_bench(load_bench_model(args.model), repeat=args.repeat)
+    result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 
@@ -237,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timed repetitions (default 3): roofs take the best, speeds the median; on a busy "
                             "machine compare with OPENBLAS_NUM_THREADS=1")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    bench.add_argument("--path", choices=("fast", "reference"), default="fast",
+                       help="which forward is timed: the fast path (default) or the reference forward")
     bench.set_defaults(func=cmd_bench)
     gen = sub.add_parser("generate", help="generate text with SmolLM2-135M (or token ids with the toy model)",
                          description="Stream a continuation of --prompt, greedy unless a temperature, top-k "

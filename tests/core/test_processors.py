@@ -52,7 +52,7 @@ def test_min_p_keeps_tokens_near_the_best():
 def test_logit_bias_adds_and_bans():
     out = LogitBias({1: 3.0, 4: -np.inf})([], LOGITS)
     assert out.tolist() == [2.0, 2.0, 0.5, -3.0, -np.inf]
-    assert sampling.greedy_token(LogitBias({2: 10})([], LOGITS)) == 2
+    assert sampling.greedy(LogitBias({2: 10})([], LOGITS)) == 2
     with pytest.raises(ValueError, match="names token 9, but the vocabulary has 5 ids"):
         LogitBias({9: 1.0})([], LOGITS)
     with pytest.raises(ValueError, match="banned every token"):

@@ -45,7 +45,7 @@ def test_phase_shapes_errors(toy):
     with pytest.raises(ValueError, match="no attention record"):
         phases.phase_shapes(td.Trace())
     trace = td.Trace()
-    td.forward_batch(toy, [[0, 1], [2]], trace=trace)
+    td.forward_each(toy, [[0, 1], [2]], trace=trace)
     with pytest.raises(ValueError, match="different shapes"):
         phases.phase_shapes(trace)
 

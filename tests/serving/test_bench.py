@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from tinydecoder import SEED_PROMPT, Trace, forward, forward_batch, toy_model
+from tinydecoder import SEED_PROMPT, Trace, forward, forward_each, toy_model
 from tinydecoder.cli import load_bench_model
 from tinydecoder.cli import main as cli_main
 from tinydecoder.serving.bench import (
@@ -124,7 +124,7 @@ def test_batch_prediction_from_the_trace():
     assert len(cache) == 12  # the caller's cache is not changed
     caches = [cache.copy(), cache.copy()]
     trace = Trace(keep_weights=False)
-    forward_batch(model, [[1], [2]], caches, last_only=True, trace=trace)
+    forward_each(model, [[1], [2]], caches, last_only=True, trace=trace)
     assert rows[0]["predicted_tokens_per_second"] == pytest.approx(2 / predicted_seconds(trace, 4, 10.0, 50.0))
 
 
@@ -213,3 +213,13 @@ def test_run_times_best_and_median():
     times = run_times(lambda: calls.append(1), repeat=4, warmup=1, after=lambda: calls.append(0))
     assert len(times) == 4 and calls == [1, 0] * 5 and all(t >= 0 for t in times)
     assert best_seconds(lambda: None, repeat=3) >= 0
+
+
+def test_both_paths_are_timed_and_agree_on_shapes():
+    model = load_bench_model("toy")
+    for path in ("fast", "reference"):
+        rows = batch_decode_speed(model, (1, 2), context=6, steps=1, path=path)
+        assert [r["batch"] for r in rows] == [1, 2] and all(r["tokens_per_second"] > 0 for r in rows)
+        assert set(decode_speed(model, [4], steps=1, path=path)) == {4}
+    with pytest.raises(ValueError, match="path must be one of"):
+        prefill_speed(model, 4, repeat=1, path="slow")

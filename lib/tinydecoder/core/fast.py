@@ -1,117 +1,363 @@
-"""The fast path: the arithmetic of `model.decoder_block`, arranged for speed.
+"""The fast path: the same numbers as the reference `forward`, in fewer, larger numpy calls.
 
-- fused projections: one matmul for Q|K|V and one for gate|up (the weights are stored side by
-  side), their outputs split where they are used;
-- batched rows: several sequences' rows stacked, so each weight is read once for the batch;
-- the last layer of `last_only` computes queries, attention and FFN for the last rows alone;
-- glibc's malloc keeps freed memory for the next layer's temporaries (`retain_freed_memory`).
+A decode step of a 135M-parameter model reads ~540 MB of weights and does little else, so its
+floor is bytes / bandwidth. What the reference path adds on top is Python: ~40 numpy calls per
+layer, each with its own temporaries. Here, per forward pass:
 
-The readable reference is `model.forward`; tests/core/test_fast.py proves the two equal on
-models whose weights are not shared. Everything the library runs for speed (generation,
-serving, benchmarks) calls this module.
+- RoPE's cos/sin are computed once (not once per layer), and q and k rotate in one call, as
+  x * cos + swap(x) * sin, where swap(x) is a view that exchanges the two halves of each pair;
+- each matmul writes into a buffer allocated once per pass (`np.matmul(..., out=)`), and the
+  elementwise steps (norm, SwiGLU, softmax) run in place, so large temporaries do not
+  page-fault in again layer after layer;
+- attention reads K and V where they lie: a query group [Hkv, g*S, d] against K [Hkv, T, d]
+  (transposed views of the cache, no repeat_kv copy), one batched matmul for QK^T, one for PV;
+- B sequences of equal length in a `BatchKVCache` ([B, Hkv, T, d] per layer) attend in ONE
+  call per layer instead of B.
+
+Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
+used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
+
+    logits = forward_fast(model, ids, cache)                       # [S, V]
+    forward_batch(model, [ids_a, ids_b], [cache_a, cache_b])       # list of [S_i, V]
+    forward_batch(model, rows, BatchKVCache.stack(caches))         # equal lengths: batched attention
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
-from .cache import check_cache
-from .model import (
-    Model,
-    check_context,
-    check_token_ids,
-    embed_tokens,
-    trace_attention,
-    trace_block_inputs,
-    trace_block_outputs,
-)
-from .ops import apply_rope, attention, rmsnorm, silu
+from .cache import KVCache, check_made_for, common_length
+from .config import Config
+from .model import Model, check_context, check_token_ids, embed_tokens
 
+QUERY_BLOCK = 64  # a long prefill attends in blocks of this many queries (keys past the block skipped)
+
+
+# ----------------------------------------------------------------------------- the batched cache
+
+class BatchKVCache:
+    """B sequences that always hold the same number of positions: per layer K and V of shape
+    [B, Hkv, capacity, d], so that attention over all B runs as one batched matmul.
+
+    It is the `caches` argument of `forward_batch` (one object for the whole batch); every
+    call must feed each sequence the same number of new tokens."""
+
+    def __init__(self, config: Config, dtype=np.float32, batch: int = 1, capacity: int = 16):
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        self.config, self.dtype, self.batch = config, np.dtype(dtype), int(batch)
+        capacity = max(1, min(int(capacity), config.max_context))
+        shape = (self.batch, config.n_kv_heads, capacity, config.head_dim)
+        self.k = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x [B, Hkv, cap, d]
+        self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        self.lengths = [0] * config.n_layers
+
+    @classmethod
+    def stack(cls, caches, extra: int = 16) -> "BatchKVCache":
+        """One batched cache holding a copy of each per-sequence cache (all of equal length),
+        with room for `extra` more positions."""
+        caches = list(caches)
+        if not caches:
+            raise ValueError("stack needs at least one cache")
+        lengths = [len(c) for c in caches]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"a BatchKVCache holds sequences of equal length; got lengths {lengths}")
+        first = caches[0]
+        out = cls(first.config, first.dtype, len(caches), lengths[0] + extra)
+        for layer in range(first.config.n_layers):
+            for b, c in enumerate(caches):
+                k, v = c.k[layer][:lengths[0]], c.v[layer][:lengths[0]]  # [T, Hkv, d]
+                out.k[layer][b, :, :lengths[0]] = k.transpose(1, 0, 2)
+                out.v[layer][b, :, :lengths[0]] = v.transpose(1, 0, 2)
+        out.lengths = [lengths[0]] * first.config.n_layers
+        return out
+
+    def __len__(self) -> int:
+        return common_length(self.lengths, "batched KV cache", "rebuild the cache")
+
+    def check(self, config: Config, dtype=None) -> None:
+        check_made_for("batched KV cache", self.config, self.dtype, config, dtype,
+                       "make a new BatchKVCache for this model")
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    def append(self, layer: int, k_new, v_new):
+        """k_new, v_new: [B, S, Hkv, d]; return K, V for all T positions, [B, Hkv, T, d] (views)."""
+        start = self.lengths[layer]
+        end, capacity = start + k_new.shape[1], self.k[layer].shape[2]
+        if end > capacity:  # double (never past the context limit)
+            grown = max(end, min(2 * capacity, self.config.max_context))
+            for store in (self.k, self.v):
+                new = np.zeros(store[layer].shape[:2] + (grown,) + store[layer].shape[3:], self.dtype)
+                new[:, :, :start] = store[layer][:, :, :start]
+                store[layer] = new
+        self.k[layer][:, :, start:end] = k_new.transpose(0, 2, 1, 3)
+        self.v[layer][:, :, start:end] = v_new.transpose(0, 2, 1, 3)
+        self.lengths[layer] = end
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= len(self):
+            raise ValueError(f"cannot truncate a cache of {len(self)} positions to {length}")
+        self.lengths = [length] * self.config.n_layers
+
+    def sequence(self, b: int) -> KVCache:
+        """Sequence b's positions as an ordinary KVCache (a copy)."""
+        T = len(self)
+        out = KVCache(self.config, self.dtype, capacity=max(1, T))
+        for layer in range(self.config.n_layers):
+            out.k[layer][:T] = self.k[layer][b, :, :T].transpose(1, 0, 2)
+            out.v[layer][:T] = self.v[layer][b, :, :T].transpose(1, 0, 2)
+        out.lengths = [T] * self.config.n_layers
+        return out
+
+
+# ----------------------------------------------------------------------------- the pieces
+
+def rope_tables(config: Config, positions, dtype):
+    """cos and signed sin for every row, once per pass, shaped to broadcast against
+    x.reshape(N, H, 2, d/2) ("halves") or x.reshape(N, H, d/2, 2) ("interleaved").
+    -> (cos, sin), each [N, 1, 2, d/2] or [N, 1, d/2, 2]."""
+    d = config.head_dim
+    inv_freq = config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2], as ops.rope_angles
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # [N, d/2]
+    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    axis = 1 if config.rope_layout == "halves" else 2  # where the pair's two members sit
+    cos2 = np.stack([cos, cos], axis=axis)[:, None]  # [N, 1, 2, d/2] or [N, 1, d/2, 2]
+    sin2 = np.stack([-sin, sin], axis=axis)[:, None]  # first member gets -x2 sin, second +x1 sin
+    return cos2, sin2
+
+
+def rotate(x, tables, layout: str):
+    """RoPE of x [N, H, d] (a view is fine) with rope_tables' (cos, sin): x cos + swap(x) sin,
+    where swap exchanges the two members of every pair (a view).  -> new [N, H, d]."""
+    N, H, d = x.shape
+    cos2, sin2 = tables
+    pairs = x.reshape(N, H, 2, d // 2) if layout == "halves" else x.reshape(N, H, d // 2, 2)
+    swapped = pairs[:, :, ::-1] if layout == "halves" else pairs[..., ::-1]
+    out = pairs * cos2  # [N, H, 2, d/2] (or [N, H, d/2, 2])
+    out += swapped * sin2
+    return out.reshape(N, H, d)
+
+
+def rmsnorm_into(x, weight, eps: float, out):
+    """out = x / sqrt(mean(x^2) + eps) * weight, row by row.  x, out: [N, D]."""
+    ms = np.einsum("nd,nd->n", x, x)  # [N] sum of squares
+    ms /= x.shape[1]
+    ms += eps
+    np.sqrt(ms, out=ms)
+    np.divide(x, ms[:, None], out=out)
+    if weight is not None:
+        out *= weight
+    return out
+
+
+def attend(q, k, v):
+    """Causal attention of S new queries per sequence over T visible keys, B sequences at once.
+
+    q: [B, S, Hq, d] (the last S of the T positions); k, v: [B, Hkv, T, d] (views are fine)
+    -> [B*S, Hq*d]. Each KV head's g = Hq/Hkv query heads are stacked into one [g*S, d]
+    matrix, so QK^T and PV are one batched matmul each over [B, Hkv] without copying K or V.
+    More than QUERY_BLOCK queries run block by block, each against the keys it can see."""
+    B, S, Hq, d = q.shape
+    T, Hkv = k.shape[2], k.shape[1]
+    g = Hq // Hkv
+    if S <= QUERY_BLOCK:  # a decode step or a short chunk: one block
+        return _attend_block(q, k, v, g).reshape(B * S, Hq * d)
+    out = np.empty((B, S, Hq * d), q.dtype)
+    for a in range(0, S, QUERY_BLOCK):
+        b = min(a + QUERY_BLOCK, S)
+        visible = T - S + b  # keys 0 .. the position of query b-1
+        out[:, a:b] = _attend_block(q[:, a:b], k[:, :, :visible], v[:, :, :visible], g)
+    return out.reshape(B * S, Hq * d)
+
+
+def _attend_block(q, k, v, g):
+    """One block: q [B, S, Hq, d], k, v [B, Hkv, T, d] -> [B, S, Hq*d]."""
+    B, S, Hq, d = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    scale = q.dtype.type(1.0 / math.sqrt(d))
+    qg = q.reshape(B, S, Hkv, g, d).transpose(0, 2, 3, 1, 4) * scale  # [B, Hkv, g, S, d]
+    scores = qg.reshape(B, Hkv, g * S, d) @ k.swapaxes(-1, -2)  # [B, Hkv, g*S, T]
+    if S > 1:  # the causal triangle, over the last S keys only (older keys are visible to all)
+        past = T - S
+        future = np.arange(S)[None, :] > np.arange(S)[:, None]  # [S, S]
+        scores.reshape(B, Hkv, g, S, T)[..., past:][..., future] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)  # the weights, in place
+    out = scores @ v  # [B, Hkv, g*S, d]
+    return out.reshape(B, Hkv, g, S, d).transpose(0, 3, 1, 2, 4).reshape(B, S, Hq * d)
+
+
+def project(x, w, out):
+    """out = x @ w for x [M, K], w [K, N] (as stored), choosing the BLAS call by M.
+
+    OpenBLAS's GEMM kernel works on 4 rows at a time; with 2 or 3 rows it falls to its edge
+    code and (measured here) takes longer than 2-3 separate matrix-vector products, and 3 rows
+    take longer than 4. So 2 rows run as two GEMVs, and 3 (or 5-7) rows are padded with zero
+    rows to the next multiple of 4 (a zero row changes no other row's result)."""
+    M = x.shape[0]
+    if M == 2:
+        np.matmul(x[0], w, out=out[0])
+        np.matmul(x[1], w, out=out[1])
+    elif 2 < M < 8 and M % 4:
+        padded = np.zeros((-(-M // 4) * 4, x.shape[1]), x.dtype)  # [4 or 8, K]
+        padded[:M] = x
+        out[:] = (padded @ w)[:M]
+    else:
+        np.matmul(x, w, out=out)
+    return out
+
+
+# ----------------------------------------------------------------------------- the pass
 
 def forward_fast(model: Model, token_ids, cache=None, *, last_only: bool = False) -> np.ndarray:
-    """`model.forward` for one sequence, on the fast path: logits [S, V] ([1, V] with last_only)."""
-    return forward_batch(model, [token_ids], [cache], last_only=last_only)[0]
+    """Logits [S, V] (or [1, V] with last_only) for S new tokens; the same numbers as
+    `model.forward`, faster. With a cache, attend to its past and append the new K/V."""
+    return forward_batch(model, [token_ids], None if cache is None else [cache], last_only=last_only)[0]
 
 
-def forward_batch(model: Model, batch, caches=None, *, last_only=False, trace=None) -> list:
-    """Several sequences in one pass: their rows are stacked for every projection and FFN
-    (one matmul reads each weight once for the whole batch); attention runs per sequence
-    against that sequence's own cache. Returns a list of logits, one [S_i, V] per sequence."""
+def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) -> list:
+    """Several sequences in one pass -> list of logits, one [S_i, V] (or [1, V]) per sequence.
+
+    caches: None, a list with one cache per sequence (KVCache, paged sequence, or None), or
+    one BatchKVCache for the whole batch (then every sequence has the same length)."""
     cfg = model.config
-    if model.dtype == np.float32:  # a real-size model: its temporaries are worth keeping
-        tune_allocator_once()
-    caches = [None] * len(batch) if caches is None else list(caches)
-    if len(caches) != len(batch):
-        raise ValueError(f"{len(batch)} sequences but {len(caches)} caches")
     ids = [check_token_ids(cfg, t) for t in batch]
+    if not ids:
+        raise ValueError("forward_batch needs at least one sequence")
+    if model.dtype == np.float32:
+        tune_allocator_once()  # keep freed temporaries instead of page-faulting them back
+    if isinstance(caches, BatchKVCache):
+        return _forward_stacked(model, ids, caches, last_only)
+    caches = [None] * len(ids) if caches is None else list(caches)
+    if len(caches) != len(ids):
+        raise ValueError(f"{len(ids)} sequences but {len(caches)} caches")
     pasts = []
     for cache, t in zip(caches, ids):  # validate everything before any cache is touched
-        past = 0 if cache is None else len(check_cache(cache, cfg, model.dtype))
+        if cache is not None and not all(hasattr(cache, a) for a in ("append", "check", "__len__")):
+            raise TypeError(f"cache must be a KVCache, a paged sequence or None (something with check, "
+                            f"__len__ and append), got {type(cache).__name__}")
+        if cache is not None:
+            cache.check(cfg, model.dtype)
+        past = 0 if cache is None else len(cache)
         check_context(cfg, past, len(t))
         pasts.append(past)
     caches = [model.new_cache(len(t)) if c is None else c for c, t in zip(caches, ids)]
     bounds = np.cumsum([0] + [len(t) for t in ids])  # rows of sequence s: bounds[s]:bounds[s+1]
     positions = np.concatenate([np.arange(p, p + len(t)) for p, t in zip(pasts, ids)])  # [N]
 
-    x = embed_tokens(model, np.concatenate(ids), positions)  # [N, D]
-    if trace is not None:
-        trace.record(None, "embed", [(len(positions),)], x.shape)
-    keep = None
-    for l, layer in enumerate(model.layers):
-        keep = bounds[1:] - 1 if (last_only and l == cfg.n_layers - 1) else None
-        x = fast_block(cfg, layer, l, x, positions, bounds, caches, keep, trace)
-    h = rmsnorm(x, model.final_norm, cfg.norm_eps)
-    logits = h @ model.lm_head  # [N, V]
-    if trace is not None:
-        trace.record(None, "final_norm", [x.shape], h.shape)
-        trace.matmul(None, "lm_head", h.shape, model.lm_head.shape)
-    if keep is not None:
+    def attention(l, q, k, v, rows):
+        out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), q.dtype)  # [Nq, Hq*d]
+        for s, cache in enumerate(caches):
+            a, b = bounds[s], bounds[s + 1]
+            k_all, v_all = cache.append(l, k[a:b], v[a:b])  # [T, Hkv, d]
+            qa, qb = (a, b) if rows is None else (s, s + 1)
+            out[qa:qb] = attend(q[None, qa:qb], k_all.transpose(1, 0, 2)[None], v_all.transpose(1, 0, 2)[None])
+        return out
+
+    keep = bounds[1:] - 1 if last_only else None
+    logits = _run(model, np.concatenate(ids), positions, attention, keep)
+    if last_only:
         return [logits[s:s + 1] for s in range(len(ids))]
     return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def fast_block(cfg, layer, l, x, positions, bounds, caches, keep=None, trace=None):
-    """One pre-norm block over the stacked rows of several sequences.  x: [N, D] -> [N, D];
-    with `keep` (row indices), only those rows go on past attention."""
-    Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)  # [N, D]
-    hq = h if keep is None else h[keep]
-    if keep is None:  # one matmul for Q, K and V, split afterwards
-        q, k, v = np.split(h @ layer.w_qkv, [cfg.q_width, cfg.q_width + cfg.kv_width], axis=1)
-    else:  # queries of the kept rows only; keys and values of every row (they are cached)
-        q = hq @ layer.wq  # [Nq, Hq*d]
-        k, v = np.split(h @ layer.w_qkv[:, cfg.q_width:], 2, axis=1)  # [N, Hkv*d] each
-    q = q.reshape(-1, Hq, d)  # [Nq, Hq, d]
-    k = k.reshape(-1, Hkv, d)  # [N, Hkv, d]
-    v = v.reshape(-1, Hkv, d)  # [N, Hkv, d]
-    if cfg.position == "rope":
-        q_pos = positions if keep is None else positions[keep]
-        q = apply_rope(q, q_pos, cfg.rope_base, cfg.rope_layout)
-        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_layout)  # cached after rotation
-    if trace is not None:
-        trace_block_inputs(trace, l, cfg, h, hq, q, k, layer)
-    out = np.empty((q.shape[0], Hq * d), x.dtype)  # [Nq, Hq*d]
-    for s, cache in enumerate(caches):
-        a, b = bounds[s], bounds[s + 1]
-        k_all, v_all = cache.append(l, k[a:b], v[a:b])  # [T, Hkv, d]
-        qa, qb = (a, b) if keep is None else (s, s + 1)
-        if trace is None:
-            out[qa:qb] = attention(q[qa:qb], k_all, v_all)
-        else:
-            out[qa:qb], weights = attention(q[qa:qb], k_all, v_all, return_weights=True)
-            trace_attention(trace, l, s, q[qa:qb], k_all, weights)
-    resid = x if keep is None else x[keep]
-    x = resid + out @ layer.wo  # [Nq, D]
-    z = rmsnorm(x, layer.ffn_norm, cfg.norm_eps)
-    gate, up = np.split(z @ layer.w_gate_up, 2, axis=1)  # [Nq, F] each, one matmul
-    hidden = silu(gate)  # SwiGLU: silu(z Wgate) * (z Wup)
-    hidden *= up
-    y = x + hidden @ layer.w_down  # [Nq, D]
-    if trace is not None:
-        trace_block_outputs(trace, l, layer, out, z, hidden)
-    return y
+def _forward_stacked(model: Model, ids, cache: BatchKVCache, last_only: bool) -> list:
+    """forward_batch with a BatchKVCache: B sequences of S new tokens, attended in one call."""
+    cfg, B, S = model.config, len(ids), len(ids[0])
+    if any(len(t) != S for t in ids):
+        raise ValueError(f"a BatchKVCache needs the same number of new tokens per sequence; "
+                         f"got {[len(t) for t in ids]}")
+    if B != cache.batch:
+        raise ValueError(f"{B} sequences but the BatchKVCache holds {cache.batch}")
+    cache.check(cfg, model.dtype)
+    past = len(cache)
+    check_context(cfg, past, S)
+    positions = np.tile(np.arange(past, past + S), B)  # [B*S], row b*S + i is sequence b's token i
 
+    def attention(l, q, k, v, rows):
+        Hkv, d = cfg.n_kv_heads, cfg.head_dim
+        k_all, v_all = cache.append(l, k.reshape(B, S, Hkv, d), v.reshape(B, S, Hkv, d))  # [B, Hkv, T, d]
+        if rows is None:
+            return attend(q.reshape(B, S, *q.shape[1:]), k_all, v_all)
+        return attend(q.reshape(B, 1, *q.shape[1:]), k_all, v_all)  # the last query of each sequence
+
+    keep = np.arange(S - 1, B * S, S) if last_only else None
+    logits = _run(model, np.concatenate(ids), positions, attention, keep)
+    return [logits[b:b + 1] for b in range(B)] if last_only else [logits[b * S:(b + 1) * S] for b in range(B)]
+
+
+def _run(model: Model, ids, positions, attention, keep):
+    """Embedding, every block, the head.  attention(l, q, k, v, rows) appends k, v to the
+    caches and returns [Nq, Hq*d]; keep: rows that the last layer keeps (None: all)."""
+    cfg = model.config
+    x = embed_tokens(model, ids, positions)  # [N, D], a fresh array: updated in place below
+    N, D = x.shape
+    tables = rope_tables(cfg, positions, x.dtype) if cfg.position == "rope" else None
+    buffers = _Buffers(cfg, N, x.dtype)
+    if keep is not None and len(keep) == N:  # one new token per sequence: every row is kept
+        keep = None
+    for l, layer in enumerate(model.layers):
+        rows = keep if l == cfg.n_layers - 1 else None
+        x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
+    h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, np.empty_like(x))
+    return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
+
+
+class _Buffers:
+    """The pass's work arrays, allocated once and reused by every layer."""
+
+    def __init__(self, cfg: Config, N: int, dtype):
+        Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.h = np.empty((N, cfg.d_model), dtype)  # normed input
+        self.qkv = np.empty((N, (Hq + 2 * Hkv) * d), dtype)
+        self.proj = np.empty((N, cfg.d_model), dtype)  # an output projection before the residual add
+        self.gate_up = np.empty((N, 2 * cfg.d_ff), dtype)
+        self.hidden = np.empty((N, cfg.d_ff), dtype)
+
+
+def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
+    """One pre-norm block, x [N, D] -> [N, D] (updated in place); with `rows`, only those rows
+    go on past attention (their K/V are still computed and cached for every row)."""
+    Hq, Hkv, d, F = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    N = x.shape[0]
+    h = rmsnorm_into(x, layer.attn_norm, cfg.norm_eps, buf.h)  # [N, D]
+    if rows is None:  # one matmul for Q, K and V, split where used
+        qkv = project(h, layer.w_qkv, buf.qkv)  # [N, (Hq + 2Hkv) d]
+        q_rows, kv = qkv[:, :Hq * d], qkv[:, Hq * d:]
+    else:  # queries of the kept rows only; keys and values of every row (they are cached)
+        q_rows, kv = h[rows] @ layer.w_qkv[:, :Hq * d], h @ layer.w_qkv[:, Hq * d:]
+        x, buf = x[rows], _Buffers(cfg, len(rows), x.dtype)
+    k, v = kv[:, :Hkv * d].reshape(N, Hkv, d), kv[:, Hkv * d:].reshape(N, Hkv, d)  # [N, Hkv, d] views
+    q = q_rows.reshape(-1, Hq, d)  # [Nq, Hq, d]
+    if tables is not None:
+        if rows is None:  # q and k sit side by side in qkv: rotate both in one call
+            qk = rotate(qkv[:, :(Hq + Hkv) * d].reshape(N, Hq + Hkv, d), tables, cfg.rope_layout)
+            q, k = qk[:, :Hq], qk[:, Hq:]
+        else:
+            q = rotate(q, tuple(t[rows] for t in tables), cfg.rope_layout)
+            k = rotate(k, tables, cfg.rope_layout)
+    out = attention(l, q, k, v, rows)  # [Nq, Hq*d]
+    x += project(out, layer.wo, buf.proj)  # [Nq, D]
+    z = rmsnorm_into(x, layer.ffn_norm, cfg.norm_eps, buf.h[:x.shape[0]])
+    gate_up = project(z, layer.w_gate_up, buf.gate_up)  # [Nq, 2F]: gate and up side by side
+    gate, hidden = gate_up[:, :F], buf.hidden
+    np.negative(gate, out=hidden)  # SwiGLU: silu(gate) * up, silu(x) = x / (1 + exp(-x))
+    np.exp(hidden, out=hidden)
+    hidden += 1.0
+    np.divide(gate, hidden, out=hidden)
+    hidden *= gate_up[:, F:]
+    x += project(hidden, layer.w_down, buf.proj)  # [Nq, D]
+    return x
+
+
+# ----------------------------------------------------------------------------- the allocator
 
 def retain_freed_memory(trim_bytes: int = 256 << 20, mmap_bytes: int = 32 << 20) -> bool:
     """Ask glibc's malloc to keep freed memory for reuse (True if it could: Linux with glibc).

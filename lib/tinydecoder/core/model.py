@@ -231,6 +231,44 @@ def forward(model: Model, token_ids, cache=None, *, last_only: bool = False, tra
     return logits
 
 
+def forward_each(model: Model, batch, caches=None, *, last_only: bool = False, trace: Trace | None = None) -> list:
+    """The reference for a batch: each sequence through `forward`, one after another. Returns a
+    list of logits, one [S_i, V] per sequence, as `fast.forward_batch` does.
+
+    With a trace, the ops are recorded the way one batched pass runs them (the fast path's
+    layout): the rows of all sequences stacked for every projection, norm and the LM head (each
+    weight read once for the batch), attention per sequence (`segment` = its index)."""
+    caches = [None] * len(batch) if caches is None else list(caches)
+    if len(caches) != len(batch):
+        raise ValueError(f"{len(batch)} sequences but {len(caches)} caches")
+    for cache, ids in zip(caches, batch):  # validate everything before any cache is touched
+        if cache is not None:
+            check_context(model.config, len(check_cache(cache, model.config, model.dtype)),
+                          len(check_token_ids(model.config, ids)))
+    traces = [None if trace is None else Trace(keep_weights=trace.keep_weights) for _ in batch]
+    logits = [forward(model, ids, cache, last_only=last_only, trace=t) for ids, cache, t in zip(batch, caches, traces)]
+    if trace is not None:
+        stack_traces(trace, traces)
+    return logits
+
+
+def stack_traces(into: Trace, traces: list) -> None:
+    """Record in `into` the batched pass whose sequences' own passes are `traces`."""
+    for records in zip(*(t.ops for t in traces)):
+        first = records[0]
+        if first.op == "attention":
+            for s, r in enumerate(records):
+                into.record(r.layer, r.op, r.inputs, r.output, r.flops, segment=s)
+            continue
+        weight = 1 if first.op in MATMUL_OPS else None  # a matmul's second input is its weight
+        inputs = [shape if i == weight else (sum(r.inputs[i][0] for r in records),) + tuple(shape[1:])
+                  for i, shape in enumerate(first.inputs)]
+        output = (sum(r.output[0] for r in records),) + tuple(first.output[1:])
+        into.record(first.layer, first.op, inputs, output, sum(r.flops for r in records))
+    for s, t in enumerate(traces):
+        into.attention_weights.update({(l, s): w for (l, _), w in t.attention_weights.items()})
+
+
 def layer_input(model: Model, token_ids, layer: int) -> np.ndarray:
     """The hidden state [S, D] entering block `layer` when token_ids are prefilled from scratch:
     the embedding (plus positions), then blocks 0 .. layer-1. Notebooks use it to look inside."""
@@ -246,6 +284,7 @@ def layer_input(model: Model, token_ids, layer: int) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- looking inside
 
+MATMUL_OPS = ("q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "lm_head")
 LAYER_STEPS = ("input x", "attn_norm", "q_proj", "k_proj", "v_proj", "attention", "o_proj",
                "residual 1", "ffn_norm", "ffn_gate", "ffn_up", "swiglu", "ffn_down", "residual 2")
 

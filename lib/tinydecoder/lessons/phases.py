@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.fast import forward_batch
 from ..core.generate import Generation
-from ..core.model import Model, check_token_ids, decoder_block, embed_tokens, forward
+from ..core.model import Model, check_token_ids, decoder_block, embed_tokens, forward, forward_each
 from ..core.ops import rmsnorm
 from ..core.sampling import greedy
 from ..core.trace import Trace
@@ -174,7 +173,7 @@ def prefill_then_decode(model: Model, prompt, *, batch: int = 1):
     positive_int("batch", batch)
     caches = [model.new_cache(len(ids) + 1) for _ in range(batch)]
     pre, dec = Trace(), Trace()
-    logits = forward_batch(model, [ids] * batch, caches, trace=pre)
+    logits = forward_each(model, [ids] * batch, caches, trace=pre)
     token = greedy(logits[0][-1])
-    forward_batch(model, [[token]] * batch, caches, trace=dec)
+    forward_each(model, [[token]] * batch, caches, trace=dec)
     return pre, dec, token

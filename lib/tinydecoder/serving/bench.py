@@ -20,12 +20,22 @@ import time
 
 import numpy as np
 
+from ..core import fast
 from ..core.cache import KVCache
-from ..core.fast import forward_batch, forward_fast
-from ..core.model import Model
+from ..core.model import Model, forward, forward_each
 from ..core.trace import Trace
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+# What is timed: "fast" (tinydecoder.fast; a batch decodes from one BatchKVCache) or "reference"
+# (model.forward, and forward_each: one sequence after another). Traces always use the reference.
+PATHS = {"fast": (fast.forward_fast, fast.forward_batch), "reference": (forward, forward_each)}
+
+
+def forward_of(path: str):
+    """(forward, forward_batch) of the named path."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {sorted(PATHS)}, got {path!r}")
+    return PATHS[path]
 
 
 # ----------------------------------------------------------------------------- intensity
@@ -89,11 +99,11 @@ def cache_copy(cache, extra: int = 1):
 
 
 def traced(model: Model, batch, caches, last_only=True) -> Trace:
-    """Run forward_batch with a trace (attention weights not kept) on copies of the caches,
+    """Run the reference forward_each with a trace (attention weights not kept) on copies of the caches,
     so the caches passed in are left as they were."""
     trace = Trace(keep_weights=False)
     copies = [None if c is None else cache_copy(c, len(ids)) for c, ids in zip(caches, batch)]
-    forward_batch(model, batch, copies, last_only=last_only, trace=trace)
+    forward_each(model, batch, copies, last_only=last_only, trace=trace)
     return trace
 
 
@@ -160,12 +170,13 @@ def bench_tokens(model: Model, n: int, seed: int = 0) -> list:
     return np.random.default_rng(seed).integers(low, model.config.vocab_size, size=n).tolist()
 
 
-def prefill_speed(model: Model, prompt_length: int, repeat: int = 3) -> dict:
+def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str = "fast") -> dict:
     """Prefill of a `prompt_length`-token prompt into a fresh cache (last_only=True, as
     `generate` does). -> {"tokens_per_second", "seconds", "gflops"} (FLOPs from a trace)."""
     ids = bench_tokens(model, prompt_length)
     flops = traced(model, [ids], [None]).total_flops()  # untimed; it also warms up
-    seconds = median_seconds(lambda: forward_fast(model, ids, model.new_cache(prompt_length), last_only=True), repeat,
+    run = forward_of(path)[0]
+    seconds = median_seconds(lambda: run(model, ids, model.new_cache(prompt_length), last_only=True), repeat,
                              warmup=0)
     return {"tokens_per_second": prompt_length / seconds, "seconds": seconds, "gflops": flops / seconds / 1e9}
 
@@ -175,11 +186,11 @@ def prefilled_cache(model: Model, context: int):
     ids = bench_tokens(model, context, seed=1)
     cache = model.new_cache(context + 1)
     for start in range(0, context, 512):
-        forward_fast(model, ids[start:start + 512], cache, last_only=True)
+        fast.forward_fast(model, ids[start:start + 512], cache, last_only=True)
     return cache
 
 
-def decode_speed(model: Model, contexts, steps: int = 5, cache=None) -> dict:
+def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str = "fast") -> dict:
     """Decode tokens/s of one sequence after each context length in `contexts`: the longest is
     prefilled once, truncated to each length, and every timed step is undone (truncate) so
     each step sees exactly that context (a cache passed in is copied, not changed).
@@ -187,17 +198,18 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None) -> dict:
     contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
     cache = prefilled_cache(model, contexts[0]) if cache is None else cache_copy(cache)
     token = bench_tokens(model, 1, seed=2)
+    run = forward_of(path)[0]
     out = {}
     for c in contexts:
         cache.truncate(c)
-        seconds = median_seconds(lambda: forward_fast(model, token, cache, last_only=True), steps,
+        seconds = median_seconds(lambda: run(model, token, cache, last_only=True), steps,
                                  after=lambda: cache.truncate(c))
         out[c] = {"tokens_per_second": 1.0 / seconds, "seconds": seconds}
     return {c: out[c] for c in sorted(out)}
 
 
 def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128, steps: int = 3,
-                       cache=None, bandwidth_gbps=None, peak_gflops=None) -> list:
+                       cache=None, bandwidth_gbps=None, peak_gflops=None, path: str = "fast") -> list:
     """One decode step for B sequences at once (forward_batch), each after `context` cached
     positions. Per B: aggregate tokens/s (B / step time), and, when the roofs are given, the
     roofline's prediction (from a traced step). -> [{"batch", "tokens_per_second", "seconds",
@@ -205,16 +217,18 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
     cache = prefilled_cache(model, context) if cache is None else cache_copy(cache)  # the caller's stays as it was
     cache.truncate(context)
     itemsize = model.dtype.itemsize
+    run = forward_of(path)[1]
     rows = []
     for b in batch_sizes:
         caches = [cache_copy(cache) for _ in range(b)]
         batch = [bench_tokens(model, 1, seed=3 + s) for s in range(b)]
+        timed_caches = fast.BatchKVCache.stack(caches, extra=1) if path == "fast" else caches
 
         def undo():
-            for c in caches:
+            for c in (caches if path != "fast" else [timed_caches]):
                 c.truncate(context)
 
-        seconds = median_seconds(lambda: forward_batch(model, batch, caches, last_only=True), steps, after=undo)
+        seconds = median_seconds(lambda: run(model, batch, timed_caches, last_only=True), steps, after=undo)
         row = {"batch": int(b), "tokens_per_second": b / seconds, "seconds": seconds}
         if bandwidth_gbps and peak_gflops:
             trace = traced(model, batch, caches)
@@ -235,24 +249,25 @@ def toy_bench_model() -> Model:
 
 
 def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batch_context: int = 128,
-              repeat: int = 3, bandwidth_bytes: int = 2**28, matmul_n: int = 2048) -> dict:
+              repeat: int = 3, bandwidth_bytes: int = 2**28, matmul_n: int = 2048, path: str = "fast") -> dict:
     """Everything `python -m tinydecoder bench` prints, from one run (dict keys are strings
     so that it serialises to JSON as is)."""
     roofs = measure_bandwidth(bandwidth_bytes, repeat=max(3, repeat))
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
     bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
-    forward_fast(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
-    prefill = {n: prefill_speed(model, n, repeat) for n in lengths}
+    forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
+    prefill = {n: prefill_speed(model, n, repeat, path) for n in lengths}
     cache = prefilled_cache(model, max(max(lengths), batch_context))
-    decode = decode_speed(model, lengths, steps=max(5, repeat), cache=cache)
+    decode = decode_speed(model, lengths, steps=max(5, repeat), cache=cache, path=path)
     batch = batch_decode_speed(model, batch_sizes, batch_context, steps=repeat, cache=cache,
-                               bandwidth_gbps=bw, peak_gflops=gflops)
+                               bandwidth_gbps=bw, peak_gflops=gflops, path=path)
     weights = model.nbytes
     base = batch[0]["tokens_per_second"] if batch and batch[0]["batch"] == 1 else None
     for row in batch:
         row["speedup_vs_batch_1"] = row["tokens_per_second"] / base if base else None
     return {
         "model": model.config.name,
+        "path": path,
         "weights_bytes": int(weights),
         "bandwidth_gbps": bw,
         "copy_bandwidth_gbps": roofs["copy_gbps"],

@@ -8,12 +8,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
+from ..core.model import MATMUL_OPS  # noqa: F401 (viz.MATMUL_OPS)
 from ..core.ops import causal_mask, softmax
 
 MASK_COLOR = "#d0d0d0"
 MASK_HATCH = "///"
 MAX_TICKS = 32  # label every row/column up to this many
-MATMUL_OPS = ("q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "lm_head")
 
 
 # ----------------------------------------------------------------------------- labels, masks

@@ -1,0 +1,184 @@
+"""The fast path (tinydecoder.core.fast) computes the reference forward's numbers: checked in float64
+to 1e-10 on models whose weights are NOT shared between the two sides (one side runs on a deep
+copy), for prefill, decode with a cache, unequal batches, last_only, the batched cache, a paged
+cache, GQA / MHA / MQA, table and RoPE positions (both RoPE layouts). Speed is never asserted."""
+import copy
+
+import numpy as np
+import pytest
+
+import tinydecoder as td
+from tinydecoder.core import fast
+from tinydecoder.core.toy import random_model
+from tinydecoder.serving.paged import PagedKVPool
+
+TOL = 1e-10
+
+
+def config(n_kv_heads=2, position="rope", layout="halves", norm_scale=True, tied=True):
+    return td.Config(vocab_size=53, d_model=24, n_heads=6, n_kv_heads=n_kv_heads, head_dim=8, n_layers=3,
+                     d_ff=40, max_context=400, position=position, rope_layout=layout, norm_eps=1e-5,
+                     norm_scale=norm_scale, tied_embeddings=tied, name="fast-test")
+
+
+CONFIGS = {
+    "gqa-rope-halves": config(2),
+    "mha-rope-interleaved": config(6, layout="interleaved"),
+    "mqa-rope-halves": config(1),
+    "gqa-table": config(2, position="table"),
+    "mha-table-no-norm-weight-untied": config(6, position="table", norm_scale=False, tied=False),
+}
+
+
+def two_models(name, seed=0):
+    """(reference side, fast side): equal weights in distinct arrays."""
+    ref = random_model(CONFIGS[name], seed=seed, dtype=np.float64)
+    other = copy.deepcopy(ref)
+    assert not np.shares_memory(ref.layers[0].w_qkv, other.layers[0].w_qkv)
+    return ref, other
+
+
+def tokens(n, seed=0, vocab=53):
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def close(got, want):
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_prefill_equals_reference(name):
+    ref, mine = two_models(name)
+    ids = tokens(150)  # > 2 query blocks: the blocked path
+    close(fast.forward_fast(mine, ids), td.forward(ref, ids))
+    close(fast.forward_fast(mine, ids[:5], last_only=True), td.forward(ref, ids[:5], last_only=True))
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_steps_with_a_cache_equal_reference(name):
+    ref, mine = two_models(name, seed=1)
+    ids = tokens(90, seed=1)
+    ref_cache, my_cache = ref.new_cache(), mine.new_cache()
+    close(fast.forward_fast(mine, ids[:70], my_cache, last_only=True),
+          td.forward(ref, ids[:70], ref_cache, last_only=True))
+    for i, t in enumerate(ids[70:]):
+        close(fast.forward_fast(mine, [t], my_cache, last_only=i % 2 == 0), td.forward(ref, [t], ref_cache))
+    close(fast.forward_fast(mine, ids[:9], my_cache), td.forward(ref, ids[:9], ref_cache))  # a chunk after decode
+    assert len(my_cache) == len(ref_cache) == 99
+    np.testing.assert_allclose(my_cache.k[2][:99], ref_cache.k[2][:99], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("last_only", [False, True])
+def test_unequal_batch_equals_reference(name, last_only):
+    ref, mine = two_models(name, seed=2)
+    batch = [tokens(70, seed=3), [4], tokens(6, seed=4)]
+    ref_caches = [ref.new_cache(), None, ref.new_cache()]
+    my_caches = [mine.new_cache(), None, mine.new_cache()]
+    for c_ref, c_mine, seed in ((ref_caches[0], my_caches[0], 5), (ref_caches[2], my_caches[2], 6)):
+        prompt = tokens(11, seed=seed)
+        td.forward(ref, prompt, c_ref)
+        fast.forward_fast(mine, prompt, c_mine)
+    got = fast.forward_batch(mine, batch, my_caches, last_only=last_only)
+    want = td.forward_batch(ref, batch, ref_caches, last_only=last_only)
+    assert len(got) == 3
+    for g, w in zip(got, want):
+        close(g, w)
+
+
+@pytest.mark.parametrize("name", ["gqa-rope-halves", "mha-rope-interleaved", "gqa-table"])
+def test_batched_cache_equals_reference(name):
+    ref, mine = two_models(name, seed=3)
+    prompts = [tokens(20, seed=s) for s in (7, 8, 9, 10)]
+    batched = fast.BatchKVCache(mine.config, np.float64, batch=4, capacity=4)  # grows on the way
+    got = fast.forward_batch(mine, prompts, batched)  # prefill all four in one call
+    ref_caches = [ref.new_cache() for _ in prompts]
+    for g, p, c in zip(got, prompts, ref_caches):
+        close(g, td.forward(ref, p, c))
+    for step in range(5):  # decode steps: one attention call per layer for the batch
+        new = [[(7 * step + s) % 53] for s in range(4)]
+        got = fast.forward_batch(mine, new, batched, last_only=True)
+        for g, t, c in zip(got, new, ref_caches):
+            close(g, td.forward(ref, t, c))
+    got = fast.forward_batch(mine, [tokens(3, seed=s) for s in range(4)], batched, last_only=True)
+    for g, s, c in zip(got, range(4), ref_caches):
+        close(g, td.forward(ref, tokens(3, seed=s), c, last_only=True))
+    np.testing.assert_allclose(batched.sequence(2).k[1][:28], ref_caches[2].k[1][:28], rtol=0, atol=TOL)
+
+
+def test_stacking_per_sequence_caches():
+    ref, mine = two_models("gqa-rope-halves", seed=4)
+    cache = mine.new_cache()
+    fast.forward_fast(mine, tokens(30, seed=11), cache)
+    batched = fast.BatchKVCache.stack([cache, cache.copy()], extra=1)
+    assert len(batched) == 30 and batched.batch == 2
+    ref_cache = ref.new_cache()
+    td.forward(ref, tokens(30, seed=11), ref_cache)
+    want = td.forward(ref, [3], ref_cache)
+    for g in fast.forward_batch(mine, [[3], [3]], batched):
+        close(g, want)
+    assert len(cache) == 30  # stacking copied: the source caches are unchanged
+
+
+def test_paged_cache_equals_reference():
+    ref, mine = two_models("gqa-rope-halves", seed=5)
+    pool = PagedKVPool.for_model(mine, n_blocks=40, block_size=4)
+    seqs = [pool.new_sequence(), pool.new_sequence()]
+    ref_caches = [ref.new_cache(), ref.new_cache()]
+    batch = [tokens(13, seed=12), tokens(6, seed=13)]
+    for g, w in zip(fast.forward_batch(mine, batch, seqs), td.forward_batch(ref, batch, ref_caches)):
+        close(g, w)
+    for step in range(3):
+        new = [[step + 1], [step + 2]]
+        got = fast.forward_batch(mine, new, seqs, last_only=True)
+        for g, w in zip(got, td.forward_batch(ref, new, ref_caches, last_only=True)):
+            close(g, w)
+
+
+def test_float32_keeps_its_dtype():
+    model = random_model(CONFIGS["gqa-rope-halves"], seed=6, dtype=np.float32)
+    cache = model.new_cache()
+    out = fast.forward_fast(model, tokens(70), cache)
+    assert out.dtype == np.float32 and cache.k[0].dtype == np.float32
+    np.testing.assert_allclose(out, td.forward(model, tokens(70)), rtol=1e-4, atol=1e-4)
+
+
+def test_bad_input_gets_a_clear_error():
+    model = random_model(CONFIGS["gqa-rope-halves"], seed=7, dtype=np.float64)
+    with pytest.raises(ValueError, match="out of range"):
+        fast.forward_fast(model, [53])
+    with pytest.raises(ValueError, match="2 sequences but 1 caches"):
+        fast.forward_batch(model, [[1], [2]], [None])
+    with pytest.raises(ValueError, match="context too long"):
+        fast.forward_fast(model, [1] * 401)
+    with pytest.raises(ValueError, match="made for another model"):
+        fast.forward_fast(model, [1], random_model(CONFIGS["mqa-rope-halves"]).new_cache())
+    with pytest.raises(TypeError, match="cache must be"):
+        fast.forward_fast(model, [1], cache=[1, 2])
+    batched = fast.BatchKVCache(model.config, np.float64, batch=2)
+    with pytest.raises(ValueError, match="same number of new tokens"):
+        fast.forward_batch(model, [[1, 2], [3]], batched)
+    with pytest.raises(ValueError, match="2 sequences but the BatchKVCache holds 3"):
+        fast.forward_batch(model, [[1], [2]], fast.BatchKVCache(model.config, np.float64, batch=3))
+    with pytest.raises(ValueError, match="equal length"):
+        fast.BatchKVCache.stack([model.new_cache(), fast_cache_of(model, 2)])
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        fast.BatchKVCache(model.config, np.float64, batch=0)
+    with pytest.raises(ValueError, match="at least one sequence"):
+        fast.forward_batch(model, [])
+
+
+def fast_cache_of(model, n):
+    cache = model.new_cache()
+    fast.forward_fast(model, list(range(1, n + 1)), cache)
+    return cache
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9])
+def test_project_equals_matmul_for_every_row_count(rows):
+    rng = np.random.default_rng(rows)
+    x, w = rng.standard_normal((rows, 12)), rng.standard_normal((12, 7))
+    out = np.full((rows, 7), np.nan)
+    np.testing.assert_allclose(fast.project(x, w, out), x @ w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(fast.project(x, w.T.copy().T, out), x @ w, rtol=0, atol=1e-12)  # F-order w
