@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="print one JSON object (prompt_token_ids, token_ids, text, prefill_seconds, "
                           "decode_tokens_per_second, cache_bytes) instead of streaming")
     gen.set_defaults(func=cmd_generate)
+    from .speculative import add_cli_arguments as add_speculative_arguments
+
+    add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K (speculative.cli_generate)
     return parser
 
 
