@@ -340,3 +340,55 @@ def test_cli_toy_and_errors(capsys):
                   "--draft-tokens", "0"])
     assert cli_main(["generate", "--model", "toy", "--prompt", "0 1", "--draft-tokens", "3"]) == 2
     assert "--draft-tokens needs --speculative" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- what notebook 15 shows
+def test_step_view_html_and_widget(rope_model):
+    from tinydecoder import speculative_viz as sv
+
+    prompt = [1, 2, 3, 1, 2]
+    plain = td.generate(rope_model, prompt, 12).new_tokens
+    spec = speculative_generate(rope_model, prompt, 12, OracleDraft(11, plain, 5, wrong_after=2), draft_tokens=3)
+    view = sv.step_view(spec, 1)
+    assert view["context"] == prompt + plain[:1] and view["new_before"] == 1 and view["calls"] == 2
+    assert view["accepted"] == 2 and len(view["rejected"]) == 1 and view["kind"] == "correction"
+    assert view["target_token"] == plain[3]
+    last = sv.step_view(spec, len(spec.steps))
+    assert last["context"] + last["proposed"][:last["accepted"]] + [last["target_token"]] == spec.tokens
+    html_text = sv.step_html(view, lambda t: f"<{t}>")
+    assert html_text.count("line-through") == 1 and "&lt;" in html_text and "correction" in html_text
+    for bad in (0, len(spec.steps) + 1, True):
+        with pytest.raises(ValueError, match="step must be an integer in 1.."):
+            sv.step_view(spec, bad)
+    box = sv.speculative_widget(spec, str)
+    box.controls["step"].value = 2
+    assert box.data["step"] == 2 and box.controls["step"].max == len(spec.steps)
+    lookup_run = speculative_generate(rope_model, [5, 5, 5], 12, "prompt-lookup")
+    assert sv.step_view(lookup_run, 1)["kind"] == "plain"  # [5 5 5 x]: x never seen before, no guess
+    fig = sv.steps_figure({"a": spec, "b": lookup_run}, k=3)
+    assert len(fig.axes) == 2
+
+
+def test_verify_pass_seconds_rolls_the_cache_back(rope_model):
+    from tinydecoder import speculative_viz as sv
+
+    seconds = sv.verify_pass_seconds(rope_model, [1, 2, 3, 4], rows=(1, 2, 6), repeat=2)
+    assert list(seconds) == [1, 2, 6] and all(s > 0 for s in seconds.values())
+
+
+def test_early_exit_agreement(rope_model):
+    from tinydecoder.drafts import early_exit_agreement
+
+    tokens = td.generate(rope_model, [1, 2, 3, 1, 2], 20).tokens
+    agree = early_exit_agreement(rope_model, tokens, 5)
+    assert list(agree) == [1, 2, 3] and agree[3] == 1.0  # all layers: the model itself
+    # L layers: the greedy acceptance of the early-exit draft's first guess, with the true context
+    small = early_exit_model(rope_model, 1)
+    first = np.argmax(td.forward(small, tokens)[4:], axis=-1)
+    full = np.argmax(td.forward(rope_model, tokens)[4:], axis=-1)
+    assert agree[1] == pytest.approx(float(np.mean(first == full)))
+    assert early_exit_agreement(rope_model, tokens, 5, layers=[2]).keys() == {2}
+    with pytest.raises(ValueError, match="layers must lie in 1..3"):
+        early_exit_agreement(rope_model, tokens, 5, layers=[4])
+    with pytest.raises(ValueError, match="start must be in 1.."):
+        early_exit_agreement(rope_model, tokens, 0)
