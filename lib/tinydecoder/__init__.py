@@ -19,6 +19,7 @@ from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, ro
 from .core.processors import FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty, StopSequences
 from .core.sampling import greedy
 from .core.sink_cache import SinkCache
+from .core.speculative import speculative_generate
 from .core.toy import SEED_CONTINUATION, SEED_PROMPT, random_model, toy_config, toy_model
 from .core.trace import Trace
 
@@ -29,6 +30,6 @@ __all__ = [
     "rmsnorm", "softmax", "silu", "swiglu", "attention", "flash_attention", "merge_partials",
     "causal_mask", "repeat_kv", "apply_rope",
     "rope_angles", "toy_model", "toy_config", "random_model", "SEED_PROMPT", "SEED_CONTINUATION",
-    "beam_search", "Beam", "BeamSearchResult", "sequence_logprob",
+    "beam_search", "speculative_generate", "Beam", "BeamSearchResult", "sequence_logprob",
     "RepetitionPenalty", "FrequencyPenalty", "PresencePenalty", "MinP", "LogitBias", "StopSequences", "MaxLength",
 ]
