@@ -223,3 +223,46 @@ def test_both_paths_are_timed_and_agree_on_shapes():
         assert set(decode_speed(model, [4], steps=1, path=path)) == {4}
     with pytest.raises(ValueError, match="path must be one of"):
         prefill_speed(model, 4, repeat=1, path="slow")
+
+
+def test_gemm_times_rows_and_errors():
+    """One row per M; plain and project compute the same product (checked in tests of fast), so
+    here: the fields, positive times, and weights_gbps = W's bytes / seconds."""
+    from tinydecoder.serving.bench import gemm_times
+
+    rows = gemm_times(32, 48, rows=(1, 2, 3), repeat=1)
+    assert [r["rows"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["plain_seconds"] > 0 and r["project_seconds"] > 0
+        assert np.isclose(r["plain_weights_gbps"], 32 * 48 * 4 / r["plain_seconds"] / 1e9)
+    with pytest.raises(ValueError, match="rows must be integers >= 1"):
+        gemm_times(8, 8, rows=(0,))
+
+
+def test_overhead_twin_keeps_layers_and_groups():
+    import dataclasses
+
+    from tinydecoder.core.toy import random_model, toy_config
+    from tinydecoder.serving.bench import overhead_twin
+
+    cfg = dataclasses.replace(toy_config(), n_layers=5, n_heads=6, n_kv_heads=2, position="rope", head_dim=4)
+    model = random_model(cfg, seed=1)
+    twin = overhead_twin(model, width=4)
+    t = twin.config
+    assert (t.n_layers, t.n_heads, t.n_kv_heads, t.position, t.vocab_size) == (5, 3, 1, "rope", 64)
+    assert twin.nbytes < model.nbytes or model.nbytes < 10_000
+    logits = forward(twin, [1, 2, 3])
+    assert logits.shape == (3, 64) and logits.dtype == np.float32
+
+
+def test_batch_decode_per_sequence_attention_on_toy():
+    """stacked=False keeps the caches separate (attention once per sequence); same fields."""
+    model = toy_bench_model()
+    rows = batch_decode_speed(model, (1, 2), context=8, steps=1, stacked=False)
+    assert [r["batch"] for r in rows] == [1, 2] and all(r["tokens_per_second"] > 0 for r in rows)
+
+
+def test_h100_ridge_from_published_figures():
+    from tinydecoder.serving.bench import H100_SXM
+
+    assert round(ridge_point(H100_SXM["bandwidth_gbps"], H100_SXM["peak_gflops"])) == 295

@@ -209,11 +209,13 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str =
 
 
 def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128, steps: int = 3,
-                       cache=None, bandwidth_gbps=None, peak_gflops=None, path: str = "fast") -> list:
+                       cache=None, bandwidth_gbps=None, peak_gflops=None, path: str = "fast",
+                       stacked: bool = True) -> list:
     """One decode step for B sequences at once (forward_batch), each after `context` cached
     positions. Per B: aggregate tokens/s (B / step time), and, when the roofs are given, the
-    roofline's prediction (from a traced step). -> [{"batch", "tokens_per_second", "seconds",
-    "predicted_tokens_per_second"?}, ...]."""
+    roofline's prediction (from a traced step). stacked=False (fast path only): the B caches
+    stay separate, so attention runs once per sequence per layer instead of once per layer.
+    -> [{"batch", "tokens_per_second", "seconds", "predicted_tokens_per_second"?}, ...]."""
     cache = prefilled_cache(model, context) if cache is None else cache_copy(cache)  # the caller's stays as it was
     cache.truncate(context)
     itemsize = model.dtype.itemsize
@@ -222,10 +224,11 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
     for b in batch_sizes:
         caches = [cache_copy(cache) for _ in range(b)]
         batch = [bench_tokens(model, 1, seed=3 + s) for s in range(b)]
-        timed_caches = fast.BatchKVCache.stack(caches, extra=1) if path == "fast" else caches
+        together = path == "fast" and stacked
+        timed_caches = fast.BatchKVCache.stack(caches, extra=1) if together else caches
 
         def undo():
-            for c in (caches if path != "fast" else [timed_caches]):
+            for c in ([timed_caches] if together else caches):
                 c.truncate(context)
 
         seconds = median_seconds(lambda: run(model, batch, timed_caches, last_only=True), steps, after=undo)
@@ -235,6 +238,44 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
             row["predicted_tokens_per_second"] = b / predicted_seconds(trace, itemsize, bandwidth_gbps, peak_gflops)
         rows.append(row)
     return rows
+
+
+def gemm_times(k: int, n: int, rows=(1, 2, 3, 4, 8, 16, 32), repeat: int = 5) -> list:
+    """Median seconds of x[M, k] @ W[k, n] (float32) for each M in `rows`, as numpy's plain
+    matmul and as the fast path's `project` (which runs 2 rows as two GEMVs and pads 3 or 5-7
+    rows to a multiple of 4). weights_gbps: W's bytes / seconds, the rate the weights stream at.
+    -> [{"rows", "plain_seconds", "project_seconds", "plain_weights_gbps", "project_weights_gbps"}]."""
+    if any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1 for m in rows):
+        raise ValueError(f"rows must be integers >= 1, got {rows!r}")
+    w = np.full((k, n), 0.5, dtype=np.float32)  # [k, n], every page touched
+    out = []
+    for m in rows:
+        x = np.ones((m, k), dtype=np.float32)
+        y = np.empty((m, n), dtype=np.float32)
+        plain = median_seconds(lambda: np.matmul(x, w, out=y), repeat)
+        proj = median_seconds(lambda: fast.project(x, w, y), repeat)
+        out.append({"rows": int(m), "plain_seconds": plain, "project_seconds": proj,
+                    "plain_weights_gbps": w.nbytes / plain / 1e9, "project_weights_gbps": w.nbytes / proj / 1e9})
+    return out
+
+
+def overhead_twin(model: Model, width: int = 8) -> Model:
+    """A random model with `model`'s layer count, layout and norms but every width tiny (`width`
+    wide, 1 KV head, vocab 64): a decode step of it costs what the sequence of numpy calls costs,
+    with almost no bytes or FLOPs. Its step time estimates the model's per-step overhead."""
+    from ..core.toy import random_model
+
+    cfg = model.config
+    heads = max(1, cfg.n_heads // cfg.n_kv_heads)  # keep the query heads per KV head (GQA groups)
+    twin = dataclasses.replace(cfg, vocab_size=64, d_model=width, n_heads=heads, n_kv_heads=1, head_dim=width,
+                               d_ff=2 * width, name=f"{cfg.name}-overhead-twin")
+    return random_model(twin, seed=0, dtype=model.dtype)
+
+
+# Published peak figures of one GPU, for a ridge point beside the CPU's (NVIDIA H100 SXM5
+# datasheet: dense BF16 tensor-core FLOP/s, without sparsity; HBM3 bandwidth).
+H100_SXM = {"name": "NVIDIA H100 SXM", "peak_gflops": 989e3, "bandwidth_gbps": 3.35e3,
+            "source": "NVIDIA H100 Tensor Core GPU datasheet (dense BF16, HBM3)"}
 
 
 # ----------------------------------------------------------------------------- the CLI's run

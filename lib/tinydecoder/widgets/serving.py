@@ -129,10 +129,11 @@ def roofline_figure(bandwidth_gbps, peak_gflops, points=None, ax=None, title=Non
             spots.setdefault(key, (x, y, []))[2].append(name)
         above = i % 2 == 0  # the first series labelled above its points, the second below
         for x, y, group in spots.values():
-            if len(group) > 2:  # a crowd: a small block of text beside the point
+            if len(group) > 2:  # a crowd: a block of text beside the point (right and up, or left and down)
                 text = "\n".join(", ".join(group[k:k + 3]) for k in range(0, len(group), 3))
-                ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 4 if above else -4), fontsize=7,
-                            color=f"C{i}", ha="left", va="bottom" if above else "top")
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 4) if above else (-8, -4),
+                            fontsize=7, color=f"C{i}", ha="left" if above else "right",
+                            va="bottom" if above else "top")
             else:
                 ax.annotate(", ".join(group), (x, y), textcoords="offset points", xytext=(2, 7 if above else -7),
                             fontsize=7, color=f"C{i}", rotation=50 if above else -50, rotation_mode="anchor",
