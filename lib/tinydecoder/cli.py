@@ -19,6 +19,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def toy_prompt(args) -> list:
+    """`--model toy`'s prompt: token ids separated by spaces (the toy has no tokenizer or chat template)."""
+    if args.chat:
+        raise ValueError("--chat needs a model with a chat template: use --model smollm2")
+    try:
+        return [int(t) for t in args.prompt.split()]
+    except ValueError:
+        raise ValueError(f"--model toy takes token ids separated by spaces (e.g. \"0 1 2 3\"), "
+                         f"got {args.prompt!r}") from None
+
+
 def cmd_seed(args) -> int:
     from .core.generate import generate
     from .core.toy import SEED_PROMPT, toy_model
@@ -98,10 +109,7 @@ def cmd_beams(args, processors) -> int:
         from .core.toy import toy_model
 
         model, stop_tokens, decode = toy_model(), (), lambda ids: " ".join(map(str, ids))
-        try:
-            prompt = [int(t) for t in args.prompt.split()]
-        except ValueError:
-            raise ValueError(f"--model toy takes token ids separated by spaces, got {args.prompt!r}") from None
+        prompt = toy_prompt(args)
     else:
         from .checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, load_smollm2, smollm2_tokenizer
 
@@ -137,13 +145,7 @@ def cmd_generate(args) -> int:
     if args.model == "toy":
         from .core.toy import toy_model
 
-        if args.chat:
-            raise ValueError("--chat needs a model with a chat template: use --model smollm2")
-        try:
-            prompt = [int(t) for t in args.prompt.split()]
-        except ValueError:
-            raise ValueError(f"--model toy takes token ids separated by spaces (e.g. \"0 1 2 3\"), "
-                             f"got {args.prompt!r}") from None
+        prompt = toy_prompt(args)
         sampler = None
         if any(v is not None for v in sampling.values()):
             from .core.sampling import make_sampler
@@ -258,13 +260,7 @@ def cmd_speculative(args) -> int:
     if args.model == "toy":
         from .core.toy import toy_model
 
-        if args.chat:
-            raise ValueError("--chat needs a model with a chat template: use --model smollm2")
-        try:
-            prompt = [int(t) for t in args.prompt.split()]
-        except ValueError:
-            raise ValueError(f"--model toy takes token ids separated by spaces (e.g. \"0 1 2 3\"), "
-                             f"got {args.prompt!r}") from None
+        prompt = toy_prompt(args)
         model, stop_tokens, piece_of = toy_model(), (), lambda token: f" {token}"
     else:
         from .checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
