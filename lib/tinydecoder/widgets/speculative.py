@@ -10,7 +10,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..core.model import forward
+from ..core.fast import forward_fast
 from .base import STYLE, panel
 
 COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "target": "#1565c0", "context": "#757575"}
@@ -92,16 +92,17 @@ def steps_figure(results: dict, k: int | None = None):
 
 def verify_pass_seconds(model, context, rows=(1, 2, 3, 5, 9, 17), repeat: int = 3) -> dict:
     """Measured seconds of one target pass over n new rows after a cached `context` (the best
-    of `repeat`), for each n in `rows`: {n: seconds}. The cache is rolled back after each pass."""
+    of `repeat`), for each n in `rows`: {n: seconds}, on the fast path `speculative_generate`
+    verifies with. The cache is rolled back after each pass."""
     cache = model.new_cache(capacity=len(context) + max(rows))
-    forward(model, context, cache, last_only=True)
+    forward_fast(model, context, cache, last_only=True)
     seconds = {}
     for n in rows:
         ids = list(context[-n:]) if n <= len(context) else [int(context[-1])] * n
         best = float("inf")
         for _ in range(repeat):
             start = time.perf_counter()
-            forward(model, ids, cache, last_only=n == 1)
+            forward_fast(model, ids, cache, last_only=n == 1)
             best = min(best, time.perf_counter() - start)
             cache.truncate(len(context))
         seconds[int(n)] = best
