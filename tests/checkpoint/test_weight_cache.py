@@ -6,24 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from synthetic_gguf import CFG, IDS, write_llama_gguf
+from synthetic_gguf import CFG, IDS
 
 import tinydecoder as td
 from tinydecoder.checkpoint import gguf_file as gf
 from tinydecoder.checkpoint import gguf_loader as gl
 from tinydecoder.checkpoint import store
 from tinydecoder.cli import main as cli_main
-from tinydecoder.core.toy import random_model
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return random_model(CFG, seed=3, dtype=np.float32, scale=0.3)
-
-
-@pytest.fixture
-def tiny_file(tmp_path, reference):
-    return write_llama_gguf(tmp_path / "tiny.gguf", reference)
 
 
 @pytest.fixture

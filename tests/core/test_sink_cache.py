@@ -8,7 +8,6 @@ from tinydecoder.core.sink_cache import (
     kept_positions,
     next_token_nll,
     rolling_buffer_slots,
-    sliding_window_kv_bytes,
     stream_forward,
 )
 
@@ -133,14 +132,7 @@ def test_bad_arguments_get_clear_errors(model):
         cache.truncate(2)
 
 
-def test_sliding_window_capacity():
-    per_token = SMOLLM2.kv_bytes_per_token(4)
-    assert per_token == 46080
-    assert sliding_window_kv_bytes(SMOLLM2, 4096, 8192) == 4096 * 46080
-    assert sliding_window_kv_bytes(SMOLLM2, 4096, 100) == 100 * 46080
-    assert sliding_window_kv_bytes(SMOLLM2, 4, np.array([0, 3, 9])).tolist() == [0, 3 * 46080, 4 * 46080]
-    with pytest.raises(ValueError, match="tokens must be integers >= 0"):
-        sliding_window_kv_bytes(SMOLLM2, 4, -1)
+def test_rolling_buffer_slots():
     assert rolling_buffer_slots(3, 4).tolist() == [0, 1, 2, -1]
     assert rolling_buffer_slots(10, 4).tolist() == [8, 9, 6, 7]
 

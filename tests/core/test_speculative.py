@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
 from tinydecoder.cli import main as cli_main
 from tinydecoder.core.drafts import ModelDraft, PromptLookupDraft, early_exit_model, lookup, make_draft
 from tinydecoder.core.sampling import make_sampler
@@ -21,8 +20,7 @@ from tinydecoder.core.speculative import (
     speculative_generate,
 )
 
-needs_model = pytest.mark.skipif(not smollm2_installed(),
-                                 reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
+needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 
 # Chi-square critical values at significance 0.001 (a correct rule fails 1 run in 1000; the
 # seeds are fixed, so a run either always passes or always fails).

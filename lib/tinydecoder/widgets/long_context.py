@@ -6,7 +6,8 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..core.sink_cache import kept_positions, sliding_window_kv_bytes
+from ..core.sink_cache import kept_positions
+from ..serving.capacity import bytes_per_request, sliding_window_kv_bytes
 from .base import STYLE, panel
 
 COLORS = {"dense": "C0", "window only": "C3", "sinks + window": "C2"}
@@ -91,13 +92,14 @@ def stream_widget(curves: dict, sinks: int, window: int):
                  stream_figure, title="a bounded cache over a stream")
 
 
-def sliding_window_figure(config, windows, max_tokens: int, itemsize: int = 4):
+def sliding_window_figure(config, windows, max_tokens: int, dtype: str = "float32"):
     """KV-cache MB against tokens: a dense cache grows forever, a sliding window stops at its size."""
-    tokens = np.arange(0, max_tokens + 1, max(1, max_tokens // 200))
+    tokens = np.arange(1, max_tokens + 1, max(1, max_tokens // 200))
     fig, ax = plt.subplots(figsize=(7, 3.4), layout="constrained")
-    ax.plot(tokens, tokens * config.kv_bytes_per_token(itemsize) / 1e6, color="k", label="dense (all positions)")
+    dense = [bytes_per_request(config, t, dtype) / 1e6 for t in tokens]
+    ax.plot(tokens, dense, color="k", label="dense (all positions)")
     for w in windows:
-        ax.plot(tokens, sliding_window_kv_bytes(config, w, tokens, itemsize) / 1e6, label=f"sliding window {w}")
+        ax.plot(tokens, [sliding_window_kv_bytes(config, t, w, dtype) / 1e6 for t in tokens], label=f"sliding window {w}")
     ax.set_xlabel("tokens in the sequence")
     ax.set_ylabel("KV cache (MB)")
     ax.legend(fontsize=8)
