@@ -502,9 +502,20 @@ class LabPage:
     def cells(self) -> list[dict]:
         return self.page.evaluate(_JS_CELLS)
 
+    def settled_cells(self, timeout_s: float = 5.0) -> list[dict]:
+        """The cells, once every code cell shows an execution count: the kernel can be idle a
+        moment before JupyterLab has applied the last replies (outputs, counts) to its model."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cells = self.cells()
+            pending = [c for c in cells if c["type"] == "code" and c["source"].strip() and c["execution_count"] is None]
+            if not pending or time.monotonic() > deadline:
+                return cells
+            time.sleep(0.25)
+
     def check_no_errors(self, cells: list[dict] | None = None) -> None:
         """No error output in any cell, none inside Output widgets, every code cell ran."""
-        cells = self.cells() if cells is None else cells
+        cells = self.settled_cells() if cells is None else cells
         for cell in cells:
             expected = "raises-exception" in cell["tags"]  # JupyterLab's Run All goes on past it
             for out in cell["outputs"]:
@@ -645,7 +656,7 @@ class LabPage:
         """The whole check for one notebook (already open or not); returns (widgets, control)."""
         self.open_notebook(path)
         self.run_all()
-        cells = self.cells()
+        cells = self.settled_cells()
         self.check_no_errors(cells)
         n_widgets = self.check_widgets_render()
         if n_widgets == 0:
