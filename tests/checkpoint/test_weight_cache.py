@@ -70,11 +70,29 @@ def test_wrong_shape_npy_is_rebuilt(cached, tiny_file, tmp_path, reference, caps
                                  "blk.0.ffn_norm.npy: holds float32 (3,), expected float32 (64,)")
 
 
+def test_down_projections_are_stored_in_fortran_order(cached):
+    """The decode step's matrix-vector product reads w_down [F, D] faster with each output's
+    weights contiguous (weights.FORTRAN_ORDER); every other matrix is C-ordered."""
+    for name in ("blk.0.ffn_down", "blk.1.ffn_down"):
+        array = np.load(cached / f"{name}.npy", mmap_mode="r")
+        assert array.shape == (CFG.d_ff, CFG.d_model) and array.flags.f_contiguous and not array.flags.c_contiguous
+    assert np.load(cached / "blk.0.attn_qkv.npy", mmap_mode="r").flags.c_contiguous
+
+
+def test_c_ordered_down_projection_is_rebuilt(cached, tiny_file, tmp_path, reference, capsys):
+    file = cached / "blk.0.ffn_down.npy"
+    np.save(file, np.ascontiguousarray(np.load(file)))  # same shape and values, C order
+    assert_rebuilt_with_one_line(tiny_file, tmp_path, reference, capsys, cached,
+                                 "blk.0.ffn_down.npy: not stored in F order")
+
+
 @pytest.mark.parametrize("damage, reason", [
     (lambda m: m.unlink(), "manifest.json: missing"),
-    (lambda m: m.write_text('{"format": 3, "conf'), "manifest.json: unreadable"),
-    (lambda m: m.write_text('{"format": 3, "config": {"d_model": -1}}'), "manifest.json: no valid config"),
-    (lambda m: m.write_text('{"format": 2}'), "manifest.json: format 2, this version reads format 3"),
+    (lambda m: m.write_text('{"format": 4, "conf'), "manifest.json: unreadable"),
+    (lambda m: m.write_text('{"format": 4, "config": {"d_model": -1}}'), "manifest.json: no valid config"),
+    (lambda m: m.write_text('{"format": 2}'), "manifest.json: format 2, this version reads format 4"),
+    (lambda m: m.write_text(m.read_text().replace('"format": 4', '"format": 3')),
+     "manifest.json: format 3, this version reads format 4"),  # a cache from before the down projections' order
 ])
 def test_damaged_or_outdated_manifest_is_rebuilt(cached, tiny_file, tmp_path, reference, capsys, damage, reason):
     damage(cached / "manifest.json")

@@ -72,7 +72,7 @@ def load_gguf_model(path, *, expected_sha256: str | None = None, rope_layout: st
     reader = open_gguf(path)
     cfg = config_from_gguf(reader, name=name, rope_layout=rope_layout)
     check_tensors(reader, cfg)
-    arrays = write_weights(reader, cfg, lambda n, shape: np.empty(shape, np.float32), progress)
+    arrays = write_weights(reader, cfg, lambda n, shape, order: np.empty(shape, np.float32, order=order), progress)
     return assemble_model(cfg, arrays)
 
 

@@ -39,9 +39,10 @@ from .gguf_file import (
     verify_sha256,
 )
 from .tokenizer import Tokenizer, tokenizer_from_gguf
-from .weights import array_shapes, write_weights
+from .weights import array_order, array_shapes, write_weights
 
-CACHE_FORMAT = 3  # unchanged by the optional "files" hashes, so older caches load as they are
+CACHE_FORMAT = 4  # 4: the FFN down projections in Fortran order (see weights.FORTRAN_ORDER); 3 is rebuilt
+# (the optional "files" hashes did not change the format: caches without them load as they are)
 MANIFEST = "manifest.json"
 
 
@@ -82,8 +83,9 @@ def build_cache(path, cache_dir, *, progress: bool = True, sha256: str | None = 
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{cache_dir.name}.partial-", dir=cache_dir.parent))
     try:
-        def allocate(name, shape):
-            return np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.float32, shape=shape)
+        def allocate(name, shape, order):
+            return np.lib.format.open_memmap(tmp / f"{name}.npy", mode="w+", dtype=np.float32, shape=shape,
+                                             fortran_order=order == "F")
 
         arrays = write_weights(reader, cfg, allocate, progress,
                                desc=f"dequantising {path.name} (first load only)")
@@ -150,9 +152,10 @@ def read_manifest(cache_dir) -> dict:
     return manifest
 
 
-def array_problem(file, shape) -> str | None:
+def array_problem(file, shape, order: str = "C") -> str | None:
     """What is wrong with a cached `.npy` file that a load can see without reading its data
-    (missing, a bad header, fewer bytes than the header says, a wrong shape or dtype), or None."""
+    (missing, a bad header, fewer bytes than the header says, a wrong shape, dtype or memory
+    order), or None."""
     try:
         array = np.load(file, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
@@ -161,6 +164,8 @@ def array_problem(file, shape) -> str | None:
         return f"unreadable ({exc})"
     if array.shape != tuple(shape) or array.dtype != np.float32:
         return f"holds {array.dtype} {array.shape}, expected float32 {tuple(shape)}"
+    if len(shape) > 1 and not array.flags[f"{order}_CONTIGUOUS"]:
+        return f"not stored in {order} order"
     return None
 
 
@@ -170,7 +175,7 @@ def load_cached_arrays(cache_dir, cfg: Config) -> dict:
     arrays = {}
     for name, shape in array_shapes(cfg).items():
         file = Path(cache_dir) / f"{name}.npy"
-        problem = array_problem(file, shape)
+        problem = array_problem(file, shape, array_order(name))
         if problem is not None:
             raise CacheDamagedError(f"{file.name}: {problem}")
         array = np.load(file, mmap_mode="r", allow_pickle=False)
@@ -254,7 +259,7 @@ def verify_cache(cache_dir) -> CacheReport:
     report = CacheReport(cache_dir, hashes_recorded=isinstance(recorded, dict))
     damaged = set()
     for name, shape in array_shapes(Config(**manifest["config"])).items():
-        problem = array_problem(cache_dir / f"{name}.npy", shape)
+        problem = array_problem(cache_dir / f"{name}.npy", shape, array_order(name))
         if problem is not None:
             report.problems.append(f"{name}.npy: {problem}")
             damaged.add(f"{name}.npy")
