@@ -162,8 +162,42 @@ def test_run_bench_small():
     result = run_bench(toy_bench_model(), lengths=(8, 16), batch_sizes=(1, 2), batch_context=8, repeat=1,
                        bandwidth_bytes=2**20, matmul_n=64)
     assert set(result["decode_tokens_per_second"]) == {"8", "16"}
-    assert result["decode_roof_fraction"]["8"] == pytest.approx(
-        result["weights_bytes"] * result["decode_tokens_per_second"]["8"] / (result["bandwidth_gbps"] * 1e9))
+    kv_per_position = toy_bench_model().config.kv_bytes_per_token(4)  # K and V, every layer, float32
+    for c in (8, 16):
+        step_bytes = result["weights_bytes"] + (c + 1) * kv_per_position  # weights + the cache it reads
+        assert result["decode_bytes_per_token"][str(c)] == step_bytes
+        assert 0 < result["decode_bandwidth_gbps"][str(c)] < 1e4 and 0 < result["decode_roof_fraction"][str(c)]
+
+
+def test_decode_roof_fraction_pairs_each_step_with_a_probe(toy, monkeypatch):
+    """Each timed step is paired with the probe run just before it: the fraction is the median of
+    step_bytes / step_time / probe_bandwidth over the pairs (fake clock and probe: exact values)."""
+    import tinydecoder.serving.bench as bench
+
+    step_times = iter([0.5, 0.25, 0.5, 0.125])  # warm-up, then 3 timed steps
+    probes = iter([99.0, 4.0, 2.0, 8.0])  # GB/s, the first before the warm-up
+    monkeypatch.setattr(bench, "run_times", _fake_run_times(step_times))
+    out = bench.decode_speed(toy, [4], steps=3, probe=lambda: next(probes))[4]
+    step_bytes = bench.decode_step_bytes(toy, 4)
+    pairs = [step_bytes / t / (g * 1e9) for t, g in ((0.25, 4.0), (0.5, 2.0), (0.125, 8.0))]
+    assert out["roof_fraction"] == pytest.approx(float(np.median(pairs)))
+    assert out["bandwidth_gbps"] == 4.0 and out["seconds"] == 0.25
+    assert step_bytes == toy.nbytes + 5 * toy.config.kv_bytes_per_token(toy.dtype.itemsize)
+
+
+def _fake_run_times(step_times):
+    """run_times with a fake clock: calls before/fn/after like the real one, returns given times."""
+    def run_times(fn, repeat=5, warmup=1, after=None, before=None):
+        times = []
+        for i in range(warmup + repeat):
+            before and before()
+            fn()
+            after and after()
+            t = next(step_times)
+            if i >= warmup:
+                times.append(t)
+        return times
+    return run_times
 
 
 def test_roofline_view_and_widget(toy):
@@ -207,7 +241,7 @@ def test_cache_copy_has_room_and_leaves_the_original(toy):
 
 
 def test_run_times_best_and_median():
-    from tinydecoder.serving.bench import best_seconds, run_times
+    from tinydecoder.serving.machine import best_seconds, run_times
 
     calls = []
     times = run_times(lambda: calls.append(1), repeat=4, warmup=1, after=lambda: calls.append(0))
@@ -228,7 +262,7 @@ def test_both_paths_are_timed_and_agree_on_shapes():
 def test_gemm_times_rows_and_errors():
     """One row per M; plain and project compute the same product (checked in tests of fast), so
     here: the fields, positive times, and weights_gbps = W's bytes / seconds."""
-    from tinydecoder.serving.bench import gemm_times
+    from tinydecoder.serving.machine import gemm_times
 
     rows = gemm_times(32, 48, rows=(1, 2, 3), repeat=1)
     assert [r["rows"] for r in rows] == [1, 2, 3]
@@ -263,6 +297,6 @@ def test_batch_decode_per_sequence_attention_on_toy():
 
 
 def test_h100_ridge_from_published_figures():
-    from tinydecoder.serving.bench import H100_SXM
+    from tinydecoder.serving.machine import H100_SXM
 
     assert round(ridge_point(H100_SXM["bandwidth_gbps"], H100_SXM["peak_gflops"])) == 295

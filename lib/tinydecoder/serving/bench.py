@@ -9,14 +9,14 @@ on arithmetic. A decode step multiplies one row by every weight matrix: ~2 FLOPs
 float32 weight, 0.5 FLOP/byte, far below the ridge. Prefill and batched decode reuse each
 weight for many rows, so their intensity grows with the number of rows.
 
-Timings use time.perf_counter. The roofs are the fastest of a few runs (what the machine can
-do); the model's speeds are medians (a typical run). Nothing here asserts a speed.
+The roofs and timers are in `machine.py` (re-exported here). The roofs are the fastest of a few
+runs (what the machine can do); the model's speeds are medians (a typical run); a decode step's
+share of the bandwidth pairs each step with a probe run just before it. Nothing here asserts a
+speed.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 
 import numpy as np
 
@@ -24,6 +24,18 @@ from ..core import fast
 from ..core.cache import KVCache
 from ..core.model import Model, forward, forward_each
 from ..core.trace import Trace
+from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.* by notebook 11
+    H100_SXM,
+    attainable_gflops,
+    bandwidth_probe,
+    best_seconds,
+    gemm_times,
+    measure_bandwidth,
+    measure_matmul,
+    median_seconds,
+    ridge_point,
+    run_times,
+)
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 # What is timed: "fast" (tinydecoder.fast; a batch decodes from one BatchKVCache) or "reference"
@@ -73,16 +85,6 @@ def layer_intensities(trace: Trace, itemsize: int, layer=0) -> dict:
     return out
 
 
-def attainable_gflops(intensity, bandwidth_gbps: float, peak_gflops: float):
-    """The roofline: min(peak, bandwidth * intensity), in GFLOP/s (intensity in FLOP/byte)."""
-    return np.minimum(peak_gflops, bandwidth_gbps * np.asarray(intensity, dtype=np.float64))
-
-
-def ridge_point(bandwidth_gbps: float, peak_gflops: float) -> float:
-    """The intensity (FLOP/byte) where the two roofs meet."""
-    return peak_gflops / bandwidth_gbps
-
-
 def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_gflops: float) -> float:
     """The roofline's time for a traced pass: every op takes max(bytes / bandwidth, FLOPs / peak)."""
     total = 0.0
@@ -105,63 +107,6 @@ def traced(model: Model, batch, caches, last_only=True) -> Trace:
     copies = [None if c is None else cache_copy(c, len(ids)) for c, ids in zip(caches, batch)]
     forward_each(model, batch, copies, last_only=last_only, trace=trace)
     return trace
-
-
-# ----------------------------------------------------------------------------- timing
-
-def run_times(fn, repeat: int = 5, warmup: int = 1, after=None) -> list:
-    """Wall times (seconds) of `repeat` calls of fn(), after `warmup` untimed calls; `after()`
-    (untimed) runs after every call, e.g. to truncate a cache back."""
-    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
-        raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
-    times = []
-    for i in range(warmup + repeat):
-        start = time.perf_counter()
-        fn()
-        elapsed = time.perf_counter() - start
-        if after is not None:
-            after()
-        if i >= warmup:
-            times.append(elapsed)
-    return times
-
-
-def median_seconds(fn, repeat: int = 5, warmup: int = 1, after=None) -> float:
-    """Median wall time of fn() over `repeat` calls (see run_times): a typical run."""
-    return float(np.median(run_times(fn, repeat, warmup, after)))
-
-
-def best_seconds(fn, repeat: int = 5, warmup: int = 1) -> float:
-    """Shortest wall time of fn() over `repeat` calls: for a roof, what the machine can do
-    (other programs running at the same time can only make a run slower)."""
-    return float(np.min(run_times(fn, repeat, warmup)))
-
-
-def measure_bandwidth(nbytes: int = 2**28, repeat: int = 5) -> dict:
-    """Memory bandwidth from a float32 matrix-vector product x[1, K] @ W[K, N] with W of
-    `nbytes` (default 268 MB, far larger than any cache): the access pattern of a decode
-    step, which reads every weight once. Also a plain copy (read + write) for comparison.
-    The fastest of `repeat` runs (a roof is the best the machine does).
-    -> {"bandwidth_gbps", "copy_gbps", "bytes", "seconds"}."""
-    n = max(64, int(math.isqrt(nbytes // 4)))
-    w = np.full((n, n), 0.5, dtype=np.float32)  # [K, N], every page touched
-    x = np.ones((1, n), dtype=np.float32)
-    y = np.empty((1, n), dtype=np.float32)
-    seconds = best_seconds(lambda: np.matmul(x, w, out=y), repeat)
-    dst = np.empty_like(w)
-    copy_seconds = best_seconds(lambda: np.copyto(dst, w), repeat)
-    return {"bandwidth_gbps": w.nbytes / seconds / 1e9, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
-            "bytes": int(w.nbytes), "seconds": seconds}
-
-
-def measure_matmul(n: int = 2048, repeat: int = 3) -> dict:
-    """Matmul FLOP/s from a float32 [n, n] @ [n, n] product (2 n^3 FLOPs), the fastest of
-    `repeat` runs.  -> {"matmul_gflops", "n", "seconds"}."""
-    a = np.full((n, n), 0.5, dtype=np.float32)
-    b = np.full((n, n), 0.25, dtype=np.float32)
-    c = np.empty((n, n), dtype=np.float32)
-    seconds = best_seconds(lambda: np.matmul(a, b, out=c), repeat)
-    return {"matmul_gflops": 2 * n**3 / seconds / 1e9, "n": n, "seconds": seconds}
 
 
 def bench_tokens(model: Model, n: int, seed: int = 0) -> list:
@@ -190,11 +135,18 @@ def prefilled_cache(model: Model, context: int):
     return cache
 
 
-def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str = "fast") -> dict:
+def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str = "fast", probe=None) -> dict:
     """Decode tokens/s of one sequence after each context length in `contexts`: the longest is
     prefilled once, truncated to each length, and every timed step is undone (truncate) so
     each step sees exactly that context (a cache passed in is copied, not changed).
-    -> {context: {"tokens_per_second", "seconds"}}, in the order of `contexts`."""
+
+    With a `probe` (from `bandwidth_probe`), every timed step is paired with a bandwidth
+    measurement taken just before it, so that both see the machine in the same state (on a
+    shared machine the bandwidth it gives changes from second to second). Each pair gives the
+    step's share of the bandwidth: (bytes the step reads: weights + K and V of context + 1
+    positions) / step time / that bandwidth; "roof_fraction" is the median over the pairs,
+    "bandwidth_gbps" the median of the probes.
+    -> {context: {"tokens_per_second", "seconds", ["roof_fraction", "bandwidth_gbps"]}}."""
     contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
     cache = prefilled_cache(model, contexts[0]) if cache is None else cache_copy(cache)
     token = bench_tokens(model, 1, seed=2)
@@ -202,10 +154,23 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str =
     out = {}
     for c in contexts:
         cache.truncate(c)
-        seconds = median_seconds(lambda: run(model, token, cache, last_only=True), steps,
-                                 after=lambda: cache.truncate(c))
+        probes = []
+        before = (lambda: probes.append(probe())) if probe is not None else None
+        times = run_times(lambda: run(model, token, cache, last_only=True), steps,
+                          after=lambda: cache.truncate(c), before=before)
+        seconds = float(np.median(times))
         out[c] = {"tokens_per_second": 1.0 / seconds, "seconds": seconds}
+        if probe is not None:
+            step_bytes = decode_step_bytes(model, c)
+            out[c]["roof_fraction"] = float(np.median([step_bytes / t / (g * 1e9) for t, g in zip(times, probes[-steps:])]))
+            out[c]["bandwidth_gbps"] = float(np.median(probes[-steps:]))
     return {c: out[c] for c in sorted(out)}
+
+
+def decode_step_bytes(model: Model, context: int) -> int:
+    """Bytes a decode step after `context` cached positions must read at least: every weight
+    once, and K and V of context + 1 positions (the new one included) in every layer."""
+    return int(model.nbytes + (context + 1) * model.config.kv_bytes_per_token(model.dtype.itemsize))
 
 
 def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128, steps: int = 3,
@@ -240,25 +205,6 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
     return rows
 
 
-def gemm_times(k: int, n: int, rows=(1, 2, 3, 4, 8, 16, 32), repeat: int = 5) -> list:
-    """Median seconds of x[M, k] @ W[k, n] (float32) for each M in `rows`, as numpy's plain
-    matmul and as the fast path's `project` (which runs 2 rows as two GEMVs and pads 3 or 5-7
-    rows to a multiple of 4). weights_gbps: W's bytes / seconds, the rate the weights stream at.
-    -> [{"rows", "plain_seconds", "project_seconds", "plain_weights_gbps", "project_weights_gbps"}]."""
-    if any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1 for m in rows):
-        raise ValueError(f"rows must be integers >= 1, got {rows!r}")
-    w = np.full((k, n), 0.5, dtype=np.float32)  # [k, n], every page touched
-    out = []
-    for m in rows:
-        x = np.ones((m, k), dtype=np.float32)
-        y = np.empty((m, n), dtype=np.float32)
-        plain = median_seconds(lambda: np.matmul(x, w, out=y), repeat)
-        proj = median_seconds(lambda: fast.project(x, w, y), repeat)
-        out.append({"rows": int(m), "plain_seconds": plain, "project_seconds": proj,
-                    "plain_weights_gbps": w.nbytes / plain / 1e9, "project_weights_gbps": w.nbytes / proj / 1e9})
-    return out
-
-
 def overhead_twin(model: Model, width: int = 8) -> Model:
     """A random model with `model`'s layer count, layout and norms but every width tiny (`width`
     wide, 1 KV head, vocab 64): a decode step of it costs what the sequence of numpy calls costs,
@@ -270,12 +216,6 @@ def overhead_twin(model: Model, width: int = 8) -> Model:
     twin = dataclasses.replace(cfg, vocab_size=64, d_model=width, n_heads=heads, n_kv_heads=1, head_dim=width,
                                d_ff=2 * width, name=f"{cfg.name}-overhead-twin")
     return random_model(twin, seed=0, dtype=model.dtype)
-
-
-# Published peak figures of one GPU, for a ridge point beside the CPU's (NVIDIA H100 SXM5
-# datasheet: dense BF16 tensor-core FLOP/s, without sparsity; HBM3 bandwidth).
-H100_SXM = {"name": "NVIDIA H100 SXM", "peak_gflops": 989e3, "bandwidth_gbps": 3.35e3,
-            "source": "NVIDIA H100 Tensor Core GPU datasheet (dense BF16, HBM3)"}
 
 
 # ----------------------------------------------------------------------------- the CLI's run
@@ -294,12 +234,13 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
     """Everything `python -m tinydecoder bench` prints, from one run (dict keys are strings
     so that it serialises to JSON as is)."""
     roofs = measure_bandwidth(bandwidth_bytes, repeat=max(3, repeat))
+    probe = bandwidth_probe(bandwidth_bytes)
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
     bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
     forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
     prefill = {n: prefill_speed(model, n, repeat, path) for n in lengths}
     cache = prefilled_cache(model, max(max(lengths), batch_context))
-    decode = decode_speed(model, lengths, steps=max(5, repeat), cache=cache, path=path)
+    decode = decode_speed(model, lengths, steps=max(9, 3 * repeat), cache=cache, path=path, probe=probe)
     batch = batch_decode_speed(model, batch_sizes, batch_context, steps=repeat, cache=cache,
                                bandwidth_gbps=bw, peak_gflops=gflops, path=path)
     weights = model.nbytes
@@ -318,7 +259,9 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
         "prefill_gflops": {str(n): p["gflops"] for n, p in prefill.items()},
         "prefill_matmul_fraction": {str(n): p["gflops"] / gflops for n, p in prefill.items()},
         "decode_tokens_per_second": {str(c): d["tokens_per_second"] for c, d in decode.items()},
-        "decode_roof_fraction": {str(c): weights * d["tokens_per_second"] / (bw * 1e9) for c, d in decode.items()},
+        "decode_bytes_per_token": {str(c): decode_step_bytes(model, c) for c in decode},
+        "decode_bandwidth_gbps": {str(c): d["bandwidth_gbps"] for c, d in decode.items()},
+        "decode_roof_fraction": {str(c): d["roof_fraction"] for c, d in decode.items()},
         "batch_context": int(batch_context),
         "batch_decode": batch,
         "repeat": int(repeat),
@@ -337,7 +280,9 @@ def format_report(result: dict) -> str:
                      f"({100 * result['prefill_matmul_fraction'][n]:.0f}% of matmul)")
     for c, tps in result["decode_tokens_per_second"].items():
         lines.append(f"decode at {c:>5} ctx  {tps:10.1f} tokens/s  "
-                     f"({100 * result['decode_roof_fraction'][c]:.0f}% of the bandwidth roof)")
+                     f"({100 * result['decode_roof_fraction'][c]:.0f}% of the bandwidth roof: "
+                     f"{result['decode_bytes_per_token'][c] / 1e6:.1f} MB a step, "
+                     f"{result['decode_bandwidth_gbps'][c]:.1f} GB/s measured beside it)")
     lines += ["", f"batched decode at context {result['batch_context']}:",
               f"{'batch':>6} {'tokens/s':>12} {'roofline':>12} {'x batch 1':>10}"]
     for row in result["batch_decode"]:

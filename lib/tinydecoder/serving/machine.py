@@ -1,0 +1,130 @@
+"""This machine's two roofs and the timers every measurement here uses.
+
+- Memory bandwidth: `bandwidth_probe` times one float32 matrix-vector product over a 268 MB
+  matrix (a decode step's access pattern: every weight read once); `measure_bandwidth` is its
+  best of a few runs (a roof is the best the machine does), with a plain copy beside it.
+- Matmul FLOP/s: `measure_matmul`, a float32 2048 x 2048 product, best of a few runs.
+- `gemm_times`: one weight matrix times M rows, numpy's matmul against the fast path's `project`.
+- `ridge_point`, `attainable_gflops`: the roofline from the two roofs; `H100_SXM` a GPU's
+  published figures for comparison.
+
+Timings use time.perf_counter; nothing here asserts a speed. `serving.bench` builds the
+model's measurements on these.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ..core import fast
+
+
+def attainable_gflops(intensity, bandwidth_gbps: float, peak_gflops: float):
+    """The roofline: min(peak, bandwidth * intensity), in GFLOP/s (intensity in FLOP/byte)."""
+    return np.minimum(peak_gflops, bandwidth_gbps * np.asarray(intensity, dtype=np.float64))
+
+
+def ridge_point(bandwidth_gbps: float, peak_gflops: float) -> float:
+    """The intensity (FLOP/byte) where the two roofs meet."""
+    return peak_gflops / bandwidth_gbps
+
+
+def run_times(fn, repeat: int = 5, warmup: int = 1, after=None, before=None) -> list:
+    """Wall times (seconds) of `repeat` calls of fn(), after `warmup` untimed calls; `after()`
+    (untimed) runs after every call, e.g. to truncate a cache back, and `before()` (untimed)
+    before every call."""
+    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
+        raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
+    times = []
+    for i in range(warmup + repeat):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        if after is not None:
+            after()
+        if i >= warmup:
+            times.append(elapsed)
+    return times
+
+
+def median_seconds(fn, repeat: int = 5, warmup: int = 1, after=None) -> float:
+    """Median wall time of fn() over `repeat` calls (see run_times): a typical run."""
+    return float(np.median(run_times(fn, repeat, warmup, after)))
+
+
+def best_seconds(fn, repeat: int = 5, warmup: int = 1) -> float:
+    """Shortest wall time of fn() over `repeat` calls: for a roof, what the machine can do
+    (other programs running at the same time can only make a run slower)."""
+    return float(np.min(run_times(fn, repeat, warmup)))
+
+
+def bandwidth_probe(nbytes: int = 2**28):
+    """A callable that runs one float32 matrix-vector product x[1, K] @ W[K, N], W of `nbytes`
+    (default 268 MB, far larger than any cache), and returns the GB/s it read W at: the access
+    pattern of a decode step, which reads every weight once. W is allocated (every page
+    touched) when the probe is made, not when it runs."""
+    n = max(64, int(math.isqrt(nbytes // 4)))
+    w = np.full((n, n), 0.5, dtype=np.float32)  # [K, N]
+    x = np.ones((1, n), dtype=np.float32)
+    y = np.empty((1, n), dtype=np.float32)
+
+    def probe() -> float:
+        start = time.perf_counter()
+        np.matmul(x, w, out=y)
+        return w.nbytes / (time.perf_counter() - start) / 1e9
+
+    probe.nbytes = int(w.nbytes)
+    return probe
+
+
+def measure_bandwidth(nbytes: int = 2**28, repeat: int = 5) -> dict:
+    """Memory bandwidth from `bandwidth_probe` (a decode step's access pattern), the fastest
+    of `repeat` runs after one warm-up (a roof is the best the machine does); also a plain
+    copy (read + write) for comparison.  -> {"bandwidth_gbps", "copy_gbps", "bytes", "seconds"}."""
+    probe = bandwidth_probe(nbytes)
+    probe()
+    best = max(probe() for _ in range(repeat))
+    w = np.full(probe.nbytes // 4, 0.5, dtype=np.float32)
+    dst = np.empty_like(w)
+    copy_seconds = best_seconds(lambda: np.copyto(dst, w), repeat)
+    return {"bandwidth_gbps": best, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
+            "bytes": probe.nbytes, "seconds": probe.nbytes / best / 1e9}
+
+
+def measure_matmul(n: int = 2048, repeat: int = 3) -> dict:
+    """Matmul FLOP/s from a float32 [n, n] @ [n, n] product (2 n^3 FLOPs), the fastest of
+    `repeat` runs.  -> {"matmul_gflops", "n", "seconds"}."""
+    a = np.full((n, n), 0.5, dtype=np.float32)
+    b = np.full((n, n), 0.25, dtype=np.float32)
+    c = np.empty((n, n), dtype=np.float32)
+    seconds = best_seconds(lambda: np.matmul(a, b, out=c), repeat)
+    return {"matmul_gflops": 2 * n**3 / seconds / 1e9, "n": n, "seconds": seconds}
+
+
+def gemm_times(k: int, n: int, rows=(1, 2, 3, 4, 8, 16, 32), repeat: int = 5) -> list:
+    """Median seconds of x[M, k] @ W[k, n] (float32) for each M in `rows`, as numpy's plain
+    matmul and as the fast path's `project` (which runs 2 or 3 rows as GEMVs and pads 4-7 rows
+    to 8). weights_gbps: W's bytes / seconds, the rate the weights stream at.
+    -> [{"rows", "plain_seconds", "project_seconds", "plain_weights_gbps", "project_weights_gbps"}]."""
+    if any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1 for m in rows):
+        raise ValueError(f"rows must be integers >= 1, got {rows!r}")
+    w = np.full((k, n), 0.5, dtype=np.float32)  # [k, n], every page touched
+    out = []
+    for m in rows:
+        x = np.ones((m, k), dtype=np.float32)
+        y = np.empty((m, n), dtype=np.float32)
+        plain = median_seconds(lambda: np.matmul(x, w, out=y), repeat)
+        proj = median_seconds(lambda: fast.project(x, w, y), repeat)
+        out.append({"rows": int(m), "plain_seconds": plain, "project_seconds": proj,
+                    "plain_weights_gbps": w.nbytes / plain / 1e9, "project_weights_gbps": w.nbytes / proj / 1e9})
+    return out
+
+
+# Published peak figures of one GPU, for a ridge point beside the CPU's (NVIDIA H100 SXM5
+# datasheet: dense BF16 tensor-core FLOP/s, without sparsity; HBM3 bandwidth).
+H100_SXM = {"name": "NVIDIA H100 SXM", "peak_gflops": 989e3, "bandwidth_gbps": 3.35e3,
+            "source": "NVIDIA H100 Tensor Core GPU datasheet (dense BF16, HBM3)"}
