@@ -90,6 +90,43 @@ def test_generation_is_the_same_either_way(pair):
     assert td.generate(fast, prompt, 6).tokens == tokens
 
 
+@pytest.mark.parametrize("threshold", [1, None])
+def test_long_context_decode_with_one_query_gemms(pair, monkeypatch, threshold):
+    """A decode step over >= ONE_QUERY_GEMM_FROM keys attends with attend_one_query (two GEMMs
+    over a block-diagonal query matrix); its logits equal the reference's, on every head
+    layout. threshold=1 sends every single-query step there; None keeps the real threshold
+    and decodes past it (a config with room for 400 positions)."""
+    reference, fast_model = pair
+    if threshold is None:
+        cfg = td.Config(**{**reference.config.to_dict(), "max_context": 512})
+        reference = random_model(cfg, seed=12, dtype=np.float64)
+        fast_model = copy.deepcopy(reference)
+    else:
+        monkeypatch.setattr(fast, "ONE_QUERY_GEMM_FROM", threshold)
+    calls = []
+    real = fast.attend_one_query
+    monkeypatch.setattr(fast, "attend_one_query", lambda q, k, v: calls.append(len(k)) or real(q, k, v))
+    n = fast.ONE_QUERY_GEMM_FROM + 2 if threshold is None else 7
+    prompt = ids(reference, min(n, reference.config.max_context - 3), seed=5)
+    ref_cache, fast_cache = reference.new_cache(), fast_model.new_cache()
+    td.forward(reference, prompt, ref_cache)
+    td.forward_fast(fast_model, prompt, fast_cache)
+    assert calls == []  # a prefill never takes this path
+    for token in ids(reference, 3, seed=6):
+        np.testing.assert_allclose(td.forward_fast(fast_model, [token], fast_cache),
+                                   td.forward(reference, [token], ref_cache), rtol=0, atol=TOL)
+    assert calls == [len(prompt) + i for i in (1, 2, 3) for _ in range(reference.config.n_layers)]
+
+
+def test_attend_one_query_equals_the_batched_heads():
+    rng = np.random.default_rng(3)
+    for Hq, Hkv, d, T in [(9, 3, 64, 400), (4, 4, 8, 5), (6, 1, 16, 33)]:
+        q = rng.standard_normal((Hq, d))
+        k, v = rng.standard_normal((T, Hkv, d)), rng.standard_normal((T, Hkv, d))
+        want = fast.attend(q[None, None], k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None])
+        np.testing.assert_allclose(fast.attend_one_query(q, k, v), want, rtol=0, atol=1e-12)
+
+
 def test_float32_agrees_to_float_rounding():
     reference = random_model(CONFIGS["gqa-rope"], seed=3, dtype=np.float32)
     fast = copy.deepcopy(reference)
