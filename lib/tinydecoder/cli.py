@@ -158,7 +158,7 @@ def cmd_generate(args) -> int:
             processors.append(StopSequences(args.stop, lambda ids: " ".join(map(str, ids))))
         gen, prefill_s, decode_s = timed_generate(
             model, prompt, args.max_new_tokens, sampler=sampler, use_cache=not args.no_cache,
-            on_token=(lambda t: show(f" {t}")) if stream else None, processors=processors)
+            on_token=(lambda t: show(f" {t}")) if stream else None, processors=processors, keep_logits=False)
         result = TextGeneration(prompt, gen.new_tokens, " ".join(map(str, gen.new_tokens)), prefill_s,
                                 decode_s, gen.cache.nbytes if gen.cache is not None else 0, generation=gen)
     else:

@@ -165,6 +165,18 @@ def test_generate_with_and_without_cache_agree_float32():
         assert np.max(np.abs(ea.logits - eb.logits)) < 1e-4
 
 
+def test_generate_without_keeping_logits():
+    """keep_logits=False: the same tokens and event counts, every event's logits None (a long
+    run then holds only the weights and the cache), and to_dict says so."""
+    model = td.random_model(small_config(), seed=5, dtype=np.float32)
+    kept = td.generate(model, [1, 2, 3], 10)
+    lean = td.generate(model, [1, 2, 3], 10, keep_logits=False)
+    assert lean.tokens == kept.tokens and len(lean.events) == len(kept.events) == 10
+    assert all(e.logits is None for e in lean.events) and all(e.logits.shape == (model.config.vocab_size,)
+                                                              for e in kept.events)
+    assert lean.events[0].to_dict()["logits"] is None and len(kept.events[0].to_dict()["logits"]) == 37
+
+
 def test_gqa_equals_mha_with_repeated_kv():
     rng = np.random.default_rng(0)
     S, Hq, Hkv, d = 5, 6, 2, 8

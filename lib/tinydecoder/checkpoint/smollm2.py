@@ -110,7 +110,7 @@ class TextGeneration:
 
 
 def timed_generate(model, prompt_ids, max_new_tokens, *, sampler=None, use_cache=True, cache=None,
-                   stop_tokens=(), on_token=None, processors=()) -> tuple:
+                   stop_tokens=(), on_token=None, processors=(), keep_logits: bool = True) -> tuple:
     """`generate` plus the time to the first token and from the first to the last.
     Returns (Generation, prefill_seconds, decode_seconds)."""
     times = []
@@ -122,13 +122,15 @@ def timed_generate(model, prompt_ids, max_new_tokens, *, sampler=None, use_cache
 
     start = time.perf_counter()
     gen = generate(model, prompt_ids, max_new_tokens, sampler=sampler or greedy, use_cache=use_cache,
-                   cache=cache, stop_tokens=stop_tokens, on_token=record, processors=processors)
+                   cache=cache, stop_tokens=stop_tokens, on_token=record, processors=processors,
+                   keep_logits=keep_logits)
     return gen, times[0] - start, times[-1] - times[0]
 
 
 def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, temperature=None,
                   top_k=None, top_p=None, seed=None, use_cache: bool = True, cache=None,
-                  on_text=None, model=None, tokenizer=None, processors=(), stop=()) -> TextGeneration:
+                  on_text=None, model=None, tokenizer=None, processors=(), stop=(),
+                  keep_logits: bool = False) -> TextGeneration:
     """Continue `prompt` with SmolLM2 (or the model/tokenizer given), streaming text to `on_text`.
 
     prompt: a string, or a list of {"role", "content"} messages (implies chat=True).
@@ -138,7 +140,8 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     cache: a KV cache that already holds a prefix of the prompt's tokens (see Chat).
     processors: logits processors (core.processors); stop: strings that end generation
     when the text contains one (the text is cut before it; streaming holds back what could be
-    the start of a stop string)."""
+    the start of a stop string). keep_logits: whether the Generation's events keep every
+    round's logits (off: a long reply's memory stays the weights plus the cache; see generate)."""
     tok = smollm2_tokenizer() if tokenizer is None else tokenizer
     if not isinstance(prompt, str):
         chat, messages = True, prompt
@@ -182,7 +185,7 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
 
     gen, prefill_s, decode_s = timed_generate(model, prompt_ids, max_new_tokens, sampler=sampler,
                                               use_cache=use_cache, cache=cache, stop_tokens=stop_tokens,
-                                              on_token=on_token, processors=processors)
+                                              on_token=on_token, processors=processors, keep_logits=keep_logits)
     new = gen.new_tokens
     text = emit(final=True)
     return TextGeneration(prompt_token_ids=list(prompt_ids), token_ids=list(new), text=text,
