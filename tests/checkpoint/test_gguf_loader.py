@@ -71,6 +71,25 @@ def test_loaded_model_computes_the_written_model(tiny_file, tmp_path, reference,
     np.testing.assert_allclose(td.forward(model, IDS), td.forward(reference, IDS), rtol=0, atol=2e-5)
 
 
+def test_open_gguf_reuses_the_reader_of_an_unchanged_file(tiny_file, tmp_path):
+    """Parsing a large GGUF takes seconds, so the last file's reader is kept; a changed file
+    (other size, modification time or inode) is parsed again, and damage is still reported."""
+    first = gf.open_gguf(tiny_file)
+    assert gf.open_gguf(str(tiny_file)) is first  # same file, any spelling of its path
+    data = tiny_file.read_bytes()
+    stat = tiny_file.stat()
+    os.utime(tiny_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: same bytes, new time
+    again = gf.open_gguf(tiny_file)
+    assert again is not first and len(again.tensors) == len(first.tensors)
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(data)
+    assert gf.open_gguf(copy) is not again
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:len(data) // 2])
+    with pytest.raises(gf.GGUFFormatError, match="truncated"):
+        gf.open_gguf(cut)
+
+
 def test_interleaved_layout_keeps_the_file_rows_and_gives_the_same_logits(tiny_file, tmp_path, reference):
     halves = load(tiny_file, tmp_path, use_cache=False)
     reader = gf.open_gguf(tiny_file)

@@ -20,6 +20,7 @@ over all coordinates. V and the output projection are not permuted.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -82,11 +83,20 @@ def _existing_file(path) -> Path:
 
 def open_gguf(path):
     """Parse a GGUF file with `gguf.GGUFReader`; raise GGUFFormatError if it is not a whole,
-    readable GGUF file (bad magic, cut short, inconsistent offsets)."""
+    readable GGUF file (bad magic, cut short, inconsistent offsets).
+
+    Parsing SmolLM2's file takes ~2 s (its 49,152-token vocabulary is metadata), so the last
+    file opened is kept: opening the same path again, unchanged (same size and modification
+    time, same inode), returns the same read-only reader."""
+    path = _existing_file(path)
+    stat = path.stat()
+    return _open_gguf(path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+@functools.lru_cache(maxsize=1)
+def _open_gguf(path: Path, size: int, mtime_ns: int, inode: int):
     import gguf
 
-    path = _existing_file(path)
-    size = path.stat().st_size
     try:
         reader = gguf.GGUFReader(path, "r")
     except Exception as exc:  # gguf raises ValueError, IndexError, struct errors... on bad bytes
