@@ -78,6 +78,15 @@ def test_no_eviction_means_dense_attention(model):
     np.testing.assert_allclose(got, td.forward(model, IDS), atol=1e-10)
 
 
+def test_stream_forward_equals_the_reference_forward_through_evictions(model):
+    """stream_forward runs on the fast path; fed token by token through the reference forward,
+    a second sink cache gives the same logits, evictions included."""
+    got = stream_forward(model, IDS, SinkCache(ROPE, sinks=2, window=6, dtype=np.float64))
+    cache = SinkCache(ROPE, sinks=2, window=6, dtype=np.float64)
+    want = [td.forward(model, IDS[:8], cache)] + [td.forward(model, [t], cache) for t in IDS[8:]]
+    np.testing.assert_allclose(got, np.concatenate(want), rtol=0, atol=1e-10)
+
+
 def test_pieces_after_eviction_and_float32_dtype():
     model32 = td.random_model(ROPE, seed=1, dtype=np.float32)
     cache = SinkCache(ROPE, sinks=2, window=6)

@@ -17,7 +17,8 @@ import numpy as np
 
 from .cache import check_made_for, common_length
 from .config import Config
-from .model import check_token_ids, forward
+from .fast import forward_fast
+from .model import check_token_ids
 from .ops import apply_rope
 
 
@@ -155,7 +156,8 @@ class SinkCache:
 def stream_forward(model, token_ids, cache: SinkCache, piece: int = 1) -> np.ndarray:
     """Logits [N, V] for a long text fed through a bounded cache: first as many tokens as fit
     without eviction in one prefill (exact), then `piece` tokens per forward call (1 = decode,
-    StreamingLLM's setting)."""
+    StreamingLLM's setting). Runs on the fast path (`forward_fast`, equal to the reference
+    `forward` with a sink cache; tests/core/test_sink_cache.py)."""
     if not isinstance(cache, SinkCache):
         raise TypeError(f"stream_forward needs a SinkCache, got {type(cache).__name__}")
     piece = _count(piece, "piece", 1)
@@ -164,7 +166,7 @@ def stream_forward(model, token_ids, cache: SinkCache, piece: int = 1) -> np.nda
     ids = check_token_ids(model.config, token_ids)
     first = min(len(ids), cache.capacity - len(cache))
     bounds = [0] + ([first] if first else []) + list(range(first + piece, len(ids), piece)) + [len(ids)]
-    return np.concatenate([forward(model, ids[a:b], cache) for a, b in zip(bounds[:-1], bounds[1:]) if b > a])
+    return np.concatenate([forward_fast(model, ids[a:b], cache) for a, b in zip(bounds[:-1], bounds[1:]) if b > a])
 
 
 def next_token_nll(logits, token_ids) -> np.ndarray:
