@@ -167,6 +167,8 @@ def test_run_bench_small():
         step_bytes = result["weights_bytes"] + (c + 1) * kv_per_position  # weights + the cache it reads
         assert result["decode_bytes_per_token"][str(c)] == step_bytes
         assert 0 < result["decode_bandwidth_gbps"][str(c)] < 1e4 and 0 < result["decode_roof_fraction"][str(c)]
+    for n in ("8", "16"):  # prefill paired with matmul probes the same way
+        assert result["prefill_matmul_gflops"][n] > 0 and result["prefill_matmul_fraction"][n] > 0
 
 
 def test_decode_roof_fraction_pairs_each_step_with_a_probe(toy, monkeypatch):
@@ -183,6 +185,27 @@ def test_decode_roof_fraction_pairs_each_step_with_a_probe(toy, monkeypatch):
     assert out["roof_fraction"] == pytest.approx(float(np.median(pairs)))
     assert out["bandwidth_gbps"] == 4.0 and out["seconds"] == 0.25
     assert step_bytes == toy.nbytes + 5 * toy.config.kv_bytes_per_token(toy.dtype.itemsize)
+
+
+def test_prefill_matmul_fraction_pairs_each_prefill_with_a_probe(toy, monkeypatch):
+    """Like decode: each timed prefill follows one matmul probe; the fraction is the median of
+    (traced FLOPs / prefill time) / probe FLOP/s over the pairs (fake clock and probe)."""
+    import tinydecoder.serving.bench as bench
+
+    monkeypatch.setattr(bench, "run_times", _fake_run_times(iter([0.5, 0.25, 1.0])))  # warmup=0: 3 timed
+    probes = iter([2.0, 1.0, 4.0])  # GFLOP/s
+    out = bench.prefill_speed(toy, 6, repeat=3, probe=lambda: next(probes))
+    flops = bench.traced(toy, [bench.bench_tokens(toy, 6)], [None]).total_flops()
+    pairs = [flops / t / (g * 1e9) for t, g in ((0.5, 2.0), (0.25, 1.0), (1.0, 4.0))]
+    assert out["matmul_fraction"] == pytest.approx(float(np.median(pairs)))
+    assert out["matmul_gflops"] == 2.0 and out["seconds"] == 0.5 and out["gflops"] == pytest.approx(flops / 0.5 / 1e9)
+
+
+def test_matmul_probe_counts_flops():
+    from tinydecoder.serving.machine import matmul_probe
+
+    probe = matmul_probe(64)
+    assert probe.n == 64 and 0 < probe() < 1e6
 
 
 def _fake_run_times(step_times):

@@ -30,6 +30,7 @@ from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.
     bandwidth_probe,
     best_seconds,
     gemm_times,
+    matmul_probe,
     measure_bandwidth,
     measure_matmul,
     median_seconds,
@@ -115,15 +116,24 @@ def bench_tokens(model: Model, n: int, seed: int = 0) -> list:
     return np.random.default_rng(seed).integers(low, model.config.vocab_size, size=n).tolist()
 
 
-def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str = "fast") -> dict:
+def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str = "fast", probe=None) -> dict:
     """Prefill of a `prompt_length`-token prompt into a fresh cache (last_only=True, as
-    `generate` does). -> {"tokens_per_second", "seconds", "gflops"} (FLOPs from a trace)."""
+    `generate` does). -> {"tokens_per_second", "seconds", "gflops"} (FLOPs from a trace).
+    With a `probe` (from `machine.matmul_probe`), each timed prefill runs right after one matmul
+    probe, as `decode_speed` pairs steps with the bandwidth probe: "matmul_fraction" is the median
+    over the pairs of the prefill's GFLOP/s over the probe's, "matmul_gflops" the probes' median."""
     ids = bench_tokens(model, prompt_length)
     flops = traced(model, [ids], [None]).total_flops()  # untimed; it also warms up
     run = forward_of(path)[0]
-    seconds = median_seconds(lambda: run(model, ids, model.new_cache(prompt_length), last_only=True), repeat,
-                             warmup=0)
-    return {"tokens_per_second": prompt_length / seconds, "seconds": seconds, "gflops": flops / seconds / 1e9}
+    probes = []
+    times = run_times(lambda: run(model, ids, model.new_cache(prompt_length), last_only=True), repeat, warmup=0,
+                      before=None if probe is None else lambda: probes.append(probe()))
+    seconds = float(np.median(times))
+    out = {"tokens_per_second": prompt_length / seconds, "seconds": seconds, "gflops": flops / seconds / 1e9}
+    if probe is not None:
+        out["matmul_fraction"] = float(np.median([flops / t / (g * 1e9) for t, g in zip(times, probes)]))
+        out["matmul_gflops"] = float(np.median(probes))
+    return out
 
 
 def prefilled_cache(model: Model, context: int):
@@ -238,7 +248,8 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
     bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
     forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
-    prefill = {n: prefill_speed(model, n, repeat, path) for n in lengths}
+    flops_probe = matmul_probe(matmul_n)
+    prefill = {n: prefill_speed(model, n, repeat, path, probe=flops_probe) for n in lengths}
     cache = prefilled_cache(model, max(max(lengths), batch_context))
     decode = decode_speed(model, lengths, steps=max(9, 3 * repeat), cache=cache, path=path, probe=probe)
     batch = batch_decode_speed(model, batch_sizes, batch_context, steps=repeat, cache=cache,
@@ -257,7 +268,8 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
         "ridge_flops_per_byte": ridge_point(bw, gflops),
         "prefill_tokens_per_second": {str(n): p["tokens_per_second"] for n, p in prefill.items()},
         "prefill_gflops": {str(n): p["gflops"] for n, p in prefill.items()},
-        "prefill_matmul_fraction": {str(n): p["gflops"] / gflops for n, p in prefill.items()},
+        "prefill_matmul_gflops": {str(n): p["matmul_gflops"] for n, p in prefill.items()},
+        "prefill_matmul_fraction": {str(n): p["matmul_fraction"] for n, p in prefill.items()},
         "decode_tokens_per_second": {str(c): d["tokens_per_second"] for c, d in decode.items()},
         "decode_bytes_per_token": {str(c): decode_step_bytes(model, c) for c in decode},
         "decode_bandwidth_gbps": {str(c): d["bandwidth_gbps"] for c, d in decode.items()},
@@ -277,7 +289,8 @@ def format_report(result: dict) -> str:
              f"{result['ridge_flops_per_byte']:.1f} FLOP/byte)", ""]
     for n, tps in result["prefill_tokens_per_second"].items():
         lines.append(f"prefill {n:>5} tokens  {tps:10.1f} tokens/s  {result['prefill_gflops'][n]:7.2f} GFLOP/s "
-                     f"({100 * result['prefill_matmul_fraction'][n]:.0f}% of matmul)")
+                     f"({100 * result['prefill_matmul_fraction'][n]:.0f}% of matmul: "
+                     f"{result['prefill_matmul_gflops'][n]:.1f} GFLOP/s measured beside it)")
     for c, tps in result["decode_tokens_per_second"].items():
         lines.append(f"decode at {c:>5} ctx  {tps:10.1f} tokens/s  "
                      f"({100 * result['decode_roof_fraction'][c]:.0f}% of the bandwidth roof: "
