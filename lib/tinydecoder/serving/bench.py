@@ -10,9 +10,10 @@ float32 weight, 0.5 FLOP/byte, far below the ridge. Prefill and batched decode r
 weight for many rows, so their intensity grows with the number of rows.
 
 The roofs and timers are in `machine.py` (re-exported here). The roofs are the fastest of a few
-runs (what the machine can do); the model's speeds are medians (a typical run); a decode step's
-share of the bandwidth pairs each step with a probe run just before it. Nothing here asserts a
-speed.
+runs (what the machine can do); the model's speeds are medians (a typical run). A share of a
+roof pairs each timed run with a probe run just before it (a decode step with the bandwidth
+probe, a prefill with the matmul probe), since a shared machine's roofs move from second to
+second. Nothing here asserts a speed.
 """
 from __future__ import annotations
 
