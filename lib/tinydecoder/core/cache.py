@@ -45,7 +45,22 @@ def check_cache(cache, config: Config, dtype):
     return cache
 
 
-class KVCache:
+class HeldBytes:
+    """`nbytes` and `allocated_nbytes` of a cache whose K and V are per-layer arrays in `self.k`
+    and `self.v` (rows = positions), with a `config`, a `dtype` and a length."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the K and V rows held: len * 2 * L * Hkv * d * itemsize."""
+        return len(self) * self.config.kv_bytes_per_token(self.dtype.itemsize)
+
+    @property
+    def allocated_nbytes(self) -> int:
+        """Bytes reserved, including rows not holding a position yet."""
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+
+class KVCache(HeldBytes):
     """Per layer, K and V of shape [T, Hkv, d], stored after RoPE (when the model uses it).
 
     Storage is preallocated and grows geometrically (doubling), so appending one decode
@@ -79,16 +94,6 @@ class KVCache:
     @property
     def capacity(self) -> int:
         return self.k[0].shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the K and V rows actually held: len * 2 * L * Hkv * d * itemsize."""
-        return len(self) * self.config.kv_bytes_per_token(self.dtype.itemsize)
-
-    @property
-    def allocated_nbytes(self) -> int:
-        """Bytes reserved, including the rows preallocated for growth."""
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     def append(self, layer: int, k_new, v_new):
         """Store S new rows for `layer`; return that layer's K, V for all T positions (views)."""

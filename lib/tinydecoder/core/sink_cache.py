@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import check_made_for, common_length
+from .cache import HeldBytes, check_made_for, common_length
 from .config import Config
 from .fast import forward_fast
 from .model import check_token_ids
@@ -38,7 +38,7 @@ def kept_positions(tokens_seen: int, sinks: int, window: int) -> np.ndarray:
     return np.concatenate([np.arange(sinks), np.arange(seen - window, seen)])
 
 
-class SinkCache:
+class SinkCache(HeldBytes):
     """K and V of the first `sinks` and the last `window` positions, per layer; usable wherever a
     `KVCache` is (`forward`, `generate`). Its arrays hold sinks + window rows, allocated once.
 
@@ -96,16 +96,6 @@ class SinkCache:
     def check(self, config: Config, dtype=None) -> None:
         check_made_for("sink cache", self.config, self.dtype, config, dtype,
                        "make a new SinkCache(model.config, ...) for this model")
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the K and V rows held: len * 2 * L * Hkv * d * itemsize."""
-        return len(self) * self.config.kv_bytes_per_token(self.dtype.itemsize)
-
-    @property
-    def allocated_nbytes(self) -> int:
-        """Bytes reserved: (sinks + window) rows of K and V per layer, fixed at creation."""
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     def _rotate(self, x, positions):
         cfg = self.config
