@@ -35,6 +35,7 @@ from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.
     measure_bandwidth,
     measure_matmul,
     median_seconds,
+    paired_share,
     ridge_point,
     run_times,
 )
@@ -132,7 +133,7 @@ def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str =
     seconds = float(np.median(times))
     out = {"tokens_per_second": prompt_length / seconds, "seconds": seconds, "gflops": flops / seconds / 1e9}
     if probe is not None:
-        out["matmul_fraction"] = float(np.median([flops / t / (g * 1e9) for t, g in zip(times, probes)]))
+        out["matmul_fraction"] = paired_share(flops, times, probes)
         out["matmul_gflops"] = float(np.median(probes))
     return out
 
@@ -172,8 +173,7 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str =
         seconds = float(np.median(times))
         out[c] = {"tokens_per_second": 1.0 / seconds, "seconds": seconds}
         if probe is not None:
-            step_bytes = decode_step_bytes(model, c)
-            out[c]["roof_fraction"] = float(np.median([step_bytes / t / (g * 1e9) for t, g in zip(times, probes[-steps:])]))
+            out[c]["roof_fraction"] = paired_share(decode_step_bytes(model, c), times, probes)
             out[c]["bandwidth_gbps"] = float(np.median(probes[-steps:]))
     return {c: out[c] for c in sorted(out)}
 

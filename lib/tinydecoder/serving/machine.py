@@ -56,6 +56,14 @@ def median_seconds(fn, repeat: int = 5, warmup: int = 1, after=None) -> float:
     return float(np.median(run_times(fn, repeat, warmup, after)))
 
 
+def paired_share(amount: float, times, probes) -> float:
+    """Median over pairs of (amount / time) / (probe rate * 1e9): the share of a roof reached by
+    runs that each followed a probe (GB/s or GFLOP/s); `probes` may hold extra warm-up probes
+    first, the last len(times) are paired with `times`."""
+    pairs = zip(times, list(probes)[-len(times):])
+    return float(np.median([amount / t / (rate * 1e9) for t, rate in pairs]))
+
+
 def best_seconds(fn, repeat: int = 5, warmup: int = 1) -> float:
     """Shortest wall time of fn() over `repeat` calls: for a roof, what the machine can do
     (other programs running at the same time can only make a run slower)."""
@@ -77,7 +85,7 @@ def bandwidth_probe(nbytes: int = 2**28):
         np.matmul(x, w, out=y)
         return w.nbytes / (time.perf_counter() - start) / 1e9
 
-    probe.nbytes = int(w.nbytes)
+    probe.nbytes, probe.matrix = int(w.nbytes), w
     return probe
 
 
@@ -88,7 +96,7 @@ def measure_bandwidth(nbytes: int = 2**28, repeat: int = 5) -> dict:
     probe = bandwidth_probe(nbytes)
     probe()
     best = max(probe() for _ in range(repeat))
-    w = np.full(probe.nbytes // 4, 0.5, dtype=np.float32)
+    w = probe.matrix  # the copy reads the probe's own matrix: one 268 MB source, not two
     dst = np.empty_like(w)
     copy_seconds = best_seconds(lambda: np.copyto(dst, w), repeat)
     return {"bandwidth_gbps": best, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
