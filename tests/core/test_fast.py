@@ -93,7 +93,7 @@ def test_generation_is_the_same_either_way(pair):
 @pytest.mark.parametrize("threshold", [1, None])
 def test_long_context_decode_with_one_query_gemms(pair, monkeypatch, threshold):
     """A decode step over >= ONE_QUERY_GEMM_FROM keys attends with attend_one_query (two GEMMs
-    over a block-diagonal query matrix); its logits equal the reference's, on every head
+    over a zero-padded query matrix); its logits equal the reference's, on every head
     layout. threshold=1 sends every single-query step there; None keeps the real threshold
     and decodes past it (a config with room for 400 positions)."""
     reference, fast_model = pair
