@@ -8,6 +8,9 @@ notebook whose placeholders are still empty runs top to bottom (and strict nbval
 The answer cell that follows is tagged `solution` with its source hidden; it fills the
 placeholder between nbgrader's `### BEGIN SOLUTION` / `### END SOLUTION` markers and calls
 `check` again.
+
+`within_rounding(a, b)` prints that two results agree up to float rounding without printing the
+rounding itself, whose digits change with the BLAS library, its kernels and its thread count.
 """
 from __future__ import annotations
 
@@ -47,3 +50,29 @@ def check(name: str, answer, expected, *, hint: str, rtol: float = 1e-6, atol: f
     if len(shown) > 60:
         shown = shown[:57] + "..."
     print(f"[{name}] not quite: you answered {shown}. Hint: {hint}")
+
+
+ROUNDING_BOUNDS = {"float64": 1e-12, "float32": 1e-5}  # far above each type's rounding, far below a bug
+
+
+def within_rounding(a, b) -> str:
+    """'< 1e-12 (float64)' or '< 1e-05 (float32)' when max |a - b| is below the bound of the less
+    precise of the two dtypes; otherwise the difference itself, marked, e.g. '3.2e-02 (NOT within
+    float32 rounding, 1e-05)'.
+
+    The size of a rounding difference (1e-16 or 4e-16, 2e-7 or 8e-7) depends on the BLAS kernels
+    and thread count of the machine, so a notebook that printed it would show other digits
+    elsewhere and fail strict nbval there; this line is the same on every machine unless the
+    two results really differ."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise ValueError(f"within_rounding needs two arrays of one shape, got {a.shape} and {b.shape}")
+    kinds = {np.dtype(x.dtype).name for x in (a, b)}
+    if not kinds <= set(ROUNDING_BOUNDS):
+        raise TypeError(f"within_rounding compares float32 or float64 arrays, got {sorted(kinds)}")
+    name = "float32" if "float32" in kinds else "float64"
+    bound = ROUNDING_BOUNDS[name]
+    diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+    if diff < bound:
+        return f"< {bound:.0e} ({name})"
+    return f"{diff:.1e} (NOT within {name} rounding, {bound:.0e})"
