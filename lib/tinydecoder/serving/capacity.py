@@ -51,10 +51,14 @@ KNOWN_CONFIGS = {
 # Where each shape in KNOWN_CONFIGS is published (papers and the Hugging Face model cards' config.json).
 CONFIG_SOURCES = {
     "SmolLM2-135M": "HuggingFaceTB/SmolLM2-135M, config.json (Allal et al. 2025, SmolLM2)",
-    "Llama-2-7B": "Touvron et al. 2023, Llama 2 (arXiv:2307.09288), Table 1; meta-llama/Llama-2-7b-hf, config.json",
-    "Llama-2-13B": "Touvron et al. 2023, Llama 2 (arXiv:2307.09288), Table 1; meta-llama/Llama-2-13b-hf, config.json",
-    "Llama-2-70B": "Touvron et al. 2023, Llama 2 (arXiv:2307.09288), Table 1 (GQA); meta-llama/Llama-2-70b-hf, "
-                   "config.json",
+    # Llama 2's paper gives the context limit and which models use GQA (Table 1), not the shapes:
+    # 7B and 13B have LLaMA-7B's and LLaMA-13B's (first LLaMA paper, Table 2), 70B's are in its config.json.
+    "Llama-2-7B": "meta-llama/Llama-2-7b-hf, config.json (LLaMA-7B's shape: Touvron et al. 2023, "
+                  "arXiv:2302.13971, Table 2); context 4k, no GQA: Llama 2, arXiv:2307.09288, Table 1",
+    "Llama-2-13B": "meta-llama/Llama-2-13b-hf, config.json (LLaMA-13B's shape: Touvron et al. 2023, "
+                   "arXiv:2302.13971, Table 2); context 4k, no GQA: Llama 2, arXiv:2307.09288, Table 1",
+    "Llama-2-70B": "meta-llama/Llama-2-70b-hf, config.json; context 4k, GQA: Touvron et al. 2023, "
+                   "Llama 2, arXiv:2307.09288, Table 1",
     "Mistral-7B": "Jiang et al. 2023, Mistral 7B (arXiv:2310.06825), Table 1 (window 4096); "
                   "mistralai/Mistral-7B-v0.1, config.json",
 }
