@@ -167,6 +167,8 @@ def test_run_bench_small():
         step_bytes = result["weights_bytes"] + (c + 1) * kv_per_position  # weights + the cache it reads
         assert result["decode_bytes_per_token"][str(c)] == step_bytes
         assert 0 < result["decode_bandwidth_gbps"][str(c)] < 1e4 and 0 < result["decode_roof_fraction"][str(c)]
+        low, high = result["decode_bandwidth_range_gbps"][str(c)]
+        assert low <= result["decode_bandwidth_gbps"][str(c)] <= high
     for n in ("8", "16"):  # prefill paired with matmul probes the same way
         assert result["prefill_matmul_gflops"][n] > 0 and result["prefill_matmul_fraction"][n] > 0
 
@@ -184,6 +186,7 @@ def test_decode_roof_fraction_pairs_each_step_with_a_probe(toy, monkeypatch):
     pairs = [step_bytes / t / (g * 1e9) for t, g in ((0.25, 4.0), (0.5, 2.0), (0.125, 8.0))]
     assert out["roof_fraction"] == pytest.approx(float(np.median(pairs)))
     assert out["bandwidth_gbps"] == 4.0 and out["seconds"] == 0.25
+    assert out["bandwidth_range_gbps"] == [2.0, 8.0]  # the paired probes only, not the warm-up's 99
     assert step_bytes == toy.nbytes + 5 * toy.config.kv_bytes_per_token(toy.dtype.itemsize)
 
 

@@ -157,8 +157,10 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str =
     shared machine the bandwidth it gives changes from second to second). Each pair gives the
     step's share of the bandwidth: (bytes the step reads: weights + K and V of context + 1
     positions) / step time / that bandwidth; "roof_fraction" is the median over the pairs,
-    "bandwidth_gbps" the median of the probes.
-    -> {context: {"tokens_per_second", "seconds", ["roof_fraction", "bandwidth_gbps"]}}."""
+    "bandwidth_gbps" the median of the probes and "bandwidth_range_gbps" their [min, max] (how
+    much the machine's bandwidth moved during the measurement).
+    -> {context: {"tokens_per_second", "seconds", ["roof_fraction", "bandwidth_gbps",
+    "bandwidth_range_gbps"]}}."""
     contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
     cache = prefilled_cache(model, contexts[0]) if cache is None else cache_copy(cache)
     token = bench_tokens(model, 1, seed=2)
@@ -174,7 +176,9 @@ def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str =
         out[c] = {"tokens_per_second": 1.0 / seconds, "seconds": seconds}
         if probe is not None:
             out[c]["roof_fraction"] = paired_share(decode_step_bytes(model, c), times, probes)
-            out[c]["bandwidth_gbps"] = float(np.median(probes[-steps:]))
+            paired = probes[-steps:]
+            out[c]["bandwidth_gbps"] = float(np.median(paired))
+            out[c]["bandwidth_range_gbps"] = [float(min(paired)), float(max(paired))]
     return {c: out[c] for c in sorted(out)}
 
 
@@ -274,6 +278,7 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
         "decode_tokens_per_second": {str(c): d["tokens_per_second"] for c, d in decode.items()},
         "decode_bytes_per_token": {str(c): decode_step_bytes(model, c) for c in decode},
         "decode_bandwidth_gbps": {str(c): d["bandwidth_gbps"] for c, d in decode.items()},
+        "decode_bandwidth_range_gbps": {str(c): d["bandwidth_range_gbps"] for c, d in decode.items()},
         "decode_roof_fraction": {str(c): d["roof_fraction"] for c, d in decode.items()},
         "batch_context": int(batch_context),
         "batch_decode": batch,
@@ -296,7 +301,8 @@ def format_report(result: dict) -> str:
         lines.append(f"decode at {c:>5} ctx  {tps:10.1f} tokens/s  "
                      f"({100 * result['decode_roof_fraction'][c]:.0f}% of the bandwidth roof: "
                      f"{result['decode_bytes_per_token'][c] / 1e6:.1f} MB a step, "
-                     f"{result['decode_bandwidth_gbps'][c]:.1f} GB/s measured beside it)")
+                     f"{result['decode_bandwidth_gbps'][c]:.1f} GB/s measured beside it, "
+                     "{:.1f}-{:.1f} across the steps)".format(*result["decode_bandwidth_range_gbps"][c]))
     lines += ["", f"batched decode at context {result['batch_context']}:",
               f"{'batch':>6} {'tokens/s':>12} {'roofline':>12} {'x batch 1':>10}"]
     for row in result["batch_decode"]:
