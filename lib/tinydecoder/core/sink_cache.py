@@ -17,9 +17,8 @@ import numpy as np
 
 from .cache import HeldBytes, check_made_for, common_length
 from .config import Config
-from .fast import forward_fast
+from .fast import forward_fast, rope_tables, rotate
 from .model import check_token_ids
-from .ops import apply_rope
 
 
 def _count(value, name: str, minimum: int) -> int:
@@ -74,6 +73,7 @@ class SinkCache(HeldBytes):
         self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
         self.lengths = [0] * config.n_layers  # rows held per layer
         self.seen = [0] * config.n_layers  # tokens appended per layer since the start
+        self._tables = {}  # RoPE cos/sin by (first, last, count) position: one step's layers share them
 
     @property
     def capacity(self) -> int:
@@ -98,10 +98,17 @@ class SinkCache(HeldBytes):
                        "make a new SinkCache(model.config, ...) for this model")
 
     def _rotate(self, x, positions):
+        """x [n, Hkv, d] rotated by RoPE at `positions` (consecutive, rising or falling). Every layer
+        of a step rotates by the same positions, so their cos/sin are computed once per step."""
         cfg = self.config
-        if cfg.position != "rope":
+        if cfg.position != "rope" or len(positions) == 0:
             return x
-        return apply_rope(x, positions, cfg.rope_base, cfg.rope_layout).astype(self.dtype, copy=False)
+        key = (int(positions[0]), int(positions[-1]), len(positions))
+        if key not in self._tables:
+            if len(self._tables) >= 4:  # this step's two position ranges, and the last step's
+                self._tables.clear()
+            self._tables[key] = rope_tables(cfg, positions, self.dtype)
+        return rotate(x, self._tables[key], cfg.rope_layout).astype(self.dtype, copy=False)
 
     def append(self, layer: int, k_new, v_new):
         """Store n new rows of `layer` (evicting the oldest window rows if needed); return K, V of
