@@ -1,30 +1,40 @@
 """tinydecoder: a small numpy decoder for learning how an LLM executes a request.
 
 Sub-packages, each importing only from those before it:
-    core        the decoder itself: config, ops, the reference model, its fast path, caches, generation
+    core        the decoder itself: config, model (the weights as data), validate, ops, reference (the
+                forward pass as the math reads), fast (the same numbers, faster), caches, toy, trace
+    decoding    strategies on top of a forward pass: generate, sampling, processors, beam, speculative
+    algorithms  Part II's algorithms: flash attention, quantized KV cache, attention-sink cache
     checkpoint  a real model from its GGUF file: config, weights, tokenizer, SmolLM2
     serving     many requests: KV capacity, the paged cache, chunked prefill, scheduling, benchmarks
     lessons     helpers only the notebooks need (heads, phases, bugs, exercises, the RoPE lab)
     viz, widgets  figures and interactive widgets for the notebooks
 """
-from .core.beam import Beam, BeamSearchResult, beam_search, sequence_logprob
+from .algorithms.flash import flash_attention, merge_partials
+from .algorithms.kv_quant import QuantizedKVCache
+from .algorithms.sink_cache import SinkCache
+from .checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
+from .core import fast, reference
 from .core.cache import KVCache
 from .core.config import Config
-from .core.fast import forward_batch, forward_fast
-from .core.flash import flash_attention, merge_partials
-from .core.generate import Event, Generation, generate, work_counts
-from .core.kv_quant import QuantizedKVCache
-from .core.model import LayerWeights, Model, check_token_ids, decoder_block, embed_tokens, forward, forward_each, layer_input
+from .core.fast import forward as forward_fast
+from .core.fast import forward_batch
+from .core.model import LayerWeights, Model
 from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
-from .core.processors import FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty, StopSequences
-from .core.sampling import greedy
-from .core.sink_cache import SinkCache
-from .core.speculative import speculative_generate
+from .core.reference import decoder_block, embed_tokens, forward, layer_input
+from .core.reference import forward_batch as forward_each
 from .core.toy import SEED_CONTINUATION, SEED_PROMPT, random_model, toy_config, toy_model
 from .core.trace import Trace
+from .core.validate import check_token_ids
+from .decoding.beam import Beam, BeamSearchResult, beam_search, sequence_logprob
+from .decoding.generate import Event, Generation, generate, work_counts
+from .decoding.processors import FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty, StopSequences
+from .decoding.sampling import greedy
+from .decoding.speculative import speculative_generate
 
 __all__ = [
     "Config", "KVCache", "QuantizedKVCache", "SinkCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
+    "fast", "reference", "load_smollm2", "smollm2_tokenizer",
     "forward", "forward_each", "forward_fast", "forward_batch", "decoder_block", "embed_tokens", "layer_input",
     "generate", "greedy", "work_counts", "check_token_ids",
     "rmsnorm", "softmax", "silu", "swiglu", "attention", "flash_attention", "merge_partials",

@@ -31,8 +31,8 @@ def toy_prompt(args) -> list:
 
 
 def cmd_seed(args) -> int:
-    from .core.generate import generate
     from .core.toy import SEED_PROMPT, toy_model
+    from .decoding.generate import generate
 
     model = toy_model()  # float64: the seed's reference numbers to ~1e-15
     full = generate(model, SEED_PROMPT, args.new_tokens, use_cache=False)
@@ -90,7 +90,7 @@ def _int_arg(text: str) -> int:
 
 def _decoding_processors(args) -> list:
     """The logits processors --repetition-penalty and --min-p ask for (stop strings: see below)."""
-    from .core.processors import MinP, RepetitionPenalty
+    from .decoding.processors import MinP, RepetitionPenalty
 
     return ([RepetitionPenalty(args.repetition_penalty)] if args.repetition_penalty is not None else []) + \
         ([MinP(args.min_p)] if args.min_p is not None else [])
@@ -98,8 +98,8 @@ def _decoding_processors(args) -> list:
 
 def cmd_beams(args, processors) -> int:
     """--beams N: beam search; prints the best beam (with --json: every beam and its log-prob)."""
-    from .core.beam import beam_search
-    from .core.processors import StopSequences
+    from .decoding.beam import beam_search
+    from .decoding.processors import StopSequences
 
     if any(v is not None for v in (args.temperature, args.top_k, args.top_p, args.seed)):
         raise ValueError("--beams is a deterministic search: drop --temperature/--top-k/--top-p/--seed")
@@ -148,12 +148,12 @@ def cmd_generate(args) -> int:
         prompt = toy_prompt(args)
         sampler = None
         if any(v is not None for v in sampling.values()):
-            from .core.sampling import make_sampler
+            from .decoding.sampling import make_sampler
 
             sampler = make_sampler(**sampling)
         model = toy_model()  # float64, as in the seed
         if args.stop:  # the toy's text is its ids: "--stop '2 0'" stops after ... 2 0
-            from .core.processors import StopSequences
+            from .decoding.processors import StopSequences
 
             processors.append(StopSequences(args.stop, lambda ids: " ".join(map(str, ids))))
         gen, prefill_s, decode_s = timed_generate(
@@ -279,7 +279,7 @@ def cmd_speculative(args) -> int:
         if not args.json:
             print(pieces[-1], end="", flush=True)
 
-    from .core.speculative import speculative_generate
+    from .decoding.speculative import speculative_generate
 
     start = time.perf_counter()
     spec = speculative_generate(model, prompt, args.max_new_tokens, args.speculative,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.core import beam
-from tinydecoder.core.beam import beam_search, log_softmax, reorder_caches, sequence_logprob
 from tinydecoder.core.config import Config
+from tinydecoder.decoding import beam
+from tinydecoder.decoding.beam import beam_search, log_softmax, reorder_caches, sequence_logprob
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 
 import tinydecoder as td
 from tinydecoder.cli import main as cli_main
-from tinydecoder.core.sampling import make_sampler
+from tinydecoder.decoding.sampling import make_sampler
 
 needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 TOY = ["generate", "--model", "toy", "--prompt", "0 1 2 3", "--max-new-tokens", "8"]

@@ -51,8 +51,8 @@ def close(got, want):
 def test_prefill_equals_reference(name):
     ref, mine = two_models(name)
     ids = tokens(150)  # > 2 query blocks: the blocked path
-    close(fast.forward_fast(mine, ids), td.forward(ref, ids))
-    close(fast.forward_fast(mine, ids[:5], last_only=True), td.forward(ref, ids[:5], last_only=True))
+    close(fast.forward(mine, ids), td.forward(ref, ids))
+    close(fast.forward(mine, ids[:5], last_only=True), td.forward(ref, ids[:5], last_only=True))
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -60,11 +60,11 @@ def test_decode_steps_with_a_cache_equal_reference(name):
     ref, mine = two_models(name, seed=1)
     ids = tokens(90, seed=1)
     ref_cache, my_cache = ref.new_cache(), mine.new_cache()
-    close(fast.forward_fast(mine, ids[:70], my_cache, last_only=True),
+    close(fast.forward(mine, ids[:70], my_cache, last_only=True),
           td.forward(ref, ids[:70], ref_cache, last_only=True))
     for i, t in enumerate(ids[70:]):
-        close(fast.forward_fast(mine, [t], my_cache, last_only=i % 2 == 0), td.forward(ref, [t], ref_cache))
-    close(fast.forward_fast(mine, ids[:9], my_cache), td.forward(ref, ids[:9], ref_cache))  # a chunk after decode
+        close(fast.forward(mine, [t], my_cache, last_only=i % 2 == 0), td.forward(ref, [t], ref_cache))
+    close(fast.forward(mine, ids[:9], my_cache), td.forward(ref, ids[:9], ref_cache))  # a chunk after decode
     assert len(my_cache) == len(ref_cache) == 99
     np.testing.assert_allclose(my_cache.k[2][:99], ref_cache.k[2][:99], rtol=0, atol=TOL)
 
@@ -79,7 +79,7 @@ def test_unequal_batch_equals_reference(name, last_only):
     for c_ref, c_mine, seed in ((ref_caches[0], my_caches[0], 5), (ref_caches[2], my_caches[2], 6)):
         prompt = tokens(11, seed=seed)
         td.forward(ref, prompt, c_ref)
-        fast.forward_fast(mine, prompt, c_mine)
+        fast.forward(mine, prompt, c_mine)
     got = fast.forward_batch(mine, batch, my_caches, last_only=last_only)
     want = td.forward_batch(ref, batch, ref_caches, last_only=last_only)
     assert len(got) == 3
@@ -110,7 +110,7 @@ def test_batched_cache_equals_reference(name):
 def test_stacking_per_sequence_caches():
     ref, mine = two_models("gqa-rope-halves", seed=4)
     cache = mine.new_cache()
-    fast.forward_fast(mine, tokens(30, seed=11), cache)
+    fast.forward(mine, tokens(30, seed=11), cache)
     batched = fast.BatchKVCache.stack([cache, cache.copy()], extra=1)
     assert len(batched) == 30 and batched.batch == 2
     ref_cache = ref.new_cache()
@@ -139,7 +139,7 @@ def test_paged_cache_equals_reference():
 def test_float32_keeps_its_dtype():
     model = random_model(CONFIGS["gqa-rope-halves"], seed=6, dtype=np.float32)
     cache = model.new_cache()
-    out = fast.forward_fast(model, tokens(70), cache)
+    out = fast.forward(model, tokens(70), cache)
     assert out.dtype == np.float32 and cache.k[0].dtype == np.float32
     np.testing.assert_allclose(out, td.forward(model, tokens(70)), rtol=1e-4, atol=1e-4)
 
@@ -147,15 +147,15 @@ def test_float32_keeps_its_dtype():
 def test_bad_input_gets_a_clear_error():
     model = random_model(CONFIGS["gqa-rope-halves"], seed=7, dtype=np.float64)
     with pytest.raises(ValueError, match="out of range"):
-        fast.forward_fast(model, [53])
+        fast.forward(model, [53])
     with pytest.raises(ValueError, match="2 sequences but 1 caches"):
         fast.forward_batch(model, [[1], [2]], [None])
     with pytest.raises(ValueError, match="context too long"):
-        fast.forward_fast(model, [1] * 401)
+        fast.forward(model, [1] * 401)
     with pytest.raises(ValueError, match="made for another model"):
-        fast.forward_fast(model, [1], random_model(CONFIGS["mqa-rope-halves"]).new_cache())
+        fast.forward(model, [1], random_model(CONFIGS["mqa-rope-halves"]).new_cache())
     with pytest.raises(TypeError, match="cache must be"):
-        fast.forward_fast(model, [1], cache=[1, 2])
+        fast.forward(model, [1], cache=[1, 2])
     batched = fast.BatchKVCache(model.config, np.float64, batch=2)
     with pytest.raises(ValueError, match="same number of new tokens"):
         fast.forward_batch(model, [[1, 2], [3]], batched)
@@ -171,7 +171,7 @@ def test_bad_input_gets_a_clear_error():
 
 def fast_cache_of(model, n):
     cache = model.new_cache()
-    fast.forward_fast(model, list(range(1, n + 1)), cache)
+    fast.forward(model, list(range(1, n + 1)), cache)
     return cache
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.core.flash import attention_traffic, flash_attention, merge_partials, online_softmax_steps, peak_memory
+from tinydecoder.algorithms.flash import attention_traffic, flash_attention, merge_partials, online_softmax_steps, peak_memory
 from tinydecoder.core.ops import attention
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}

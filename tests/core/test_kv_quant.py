@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
-from tinydecoder.core.kv_quant import (
+from tinydecoder.algorithms.kv_quant import (
     AXES,
     QuantizedKVCache,
     attention_error,
@@ -17,6 +16,7 @@ from tinydecoder.core.kv_quant import (
     round_trip,
     unpack,
 )
+from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
 
 CFG = td.Config(vocab_size=40, d_model=32, n_heads=4, n_kv_heads=2, head_dim=16, n_layers=2, d_ff=48,
                 max_context=128, position="rope", name="quant-test")

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.core import sampling
-from tinydecoder.core.processors import (
+from tinydecoder.decoding import sampling
+from tinydecoder.decoding.processors import (
     FrequencyPenalty,
     LogitBias,
     MaxLength,

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.core.sink_cache import (
+from tinydecoder.algorithms.sink_cache import (
     SinkCache,
     kept_positions,
     next_token_nll,

@@ -10,9 +10,9 @@ import pytest
 
 import tinydecoder as td
 from tinydecoder.cli import main as cli_main
-from tinydecoder.core.drafts import ModelDraft, PromptLookupDraft, early_exit_model, lookup, make_draft
-from tinydecoder.core.sampling import make_sampler
-from tinydecoder.core.speculative import (
+from tinydecoder.decoding.drafts import ModelDraft, PromptLookupDraft, early_exit_model, lookup, make_draft
+from tinydecoder.decoding.sampling import make_sampler
+from tinydecoder.decoding.speculative import (
     accept_or_resample,
     acceptance_rate,
     expected_tokens_per_step,
@@ -381,7 +381,7 @@ def test_verify_pass_seconds_rolls_the_cache_back(rope_model):
 
 
 def test_early_exit_agreement(rope_model):
-    from tinydecoder.core.drafts import early_exit_agreement
+    from tinydecoder.decoding.drafts import early_exit_agreement
 
     tokens = td.generate(rope_model, [1, 2, 3, 1, 2], 20).tokens
     agree = early_exit_agreement(rope_model, tokens, 5)

@@ -117,14 +117,14 @@ def main() -> None:
     hf_load = time.perf_counter() - start
     vocab = model.config.vocab_size
 
-    contenders = {"tinydecoder fast": fast.forward_fast}
+    contenders = {"tinydecoder fast": fast.forward}
     if not args.no_reference:
         contenders["tinydecoder reference"] = td.forward
     prefill_ids = {n: token_ids(n, vocab, seed=n) for n in PREFILL_LENGTHS}
     prompt = token_ids(DECODE_AFTER, vocab, seed=1)
 
     # warm-up (memory maps, allocator, torch's first call) and a check that both compute the same
-    ours = fast.forward_fast(model, prompt, last_only=True)[-1]
+    ours = fast.forward(model, prompt, last_only=True)[-1]
     theirs = hf_prefill(hf, prompt)()[0, -1].numpy()
     diff = float(np.abs(ours - theirs).max())
     for fn in [hf_prefill(hf, prefill_ids[100])] + [td_prefill(model, f, prefill_ids[100]) for f in contenders.values()]:

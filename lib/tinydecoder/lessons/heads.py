@@ -12,7 +12,8 @@ import dataclasses
 import numpy as np
 
 from ..core.config import Config
-from ..core.model import Model, decoder_block, layer_input
+from ..core.model import Model
+from ..core.reference import decoder_block, layer_input
 from ..core.validate import layer_index
 
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.generate import Generation
-from ..core.model import Model, check_token_ids, decoder_block, embed_tokens, forward, forward_each
+from ..core.model import Model
 from ..core.ops import rmsnorm
-from ..core.sampling import greedy
+from ..core.reference import decoder_block, embed_tokens, forward, forward_batch
 from ..core.trace import Trace
-from ..core.validate import layer_index, positive_int
+from ..core.validate import check_token_ids, layer_index, positive_int
 from ..core.validate import max_new_tokens as check_max_new_tokens
+from ..decoding.generate import Generation
+from ..decoding.sampling import greedy
 
 SKIP_LAYERS = ("none", "last", "all")
 
@@ -173,7 +174,7 @@ def prefill_then_decode(model: Model, prompt, *, batch: int = 1):
     positive_int("batch", batch)
     caches = [model.new_cache(len(ids) + 1) for _ in range(batch)]
     pre, dec = Trace(), Trace()
-    logits = forward_each(model, [ids] * batch, caches, trace=pre)
+    logits = forward_batch(model, [ids] * batch, caches, trace=pre)
     token = greedy(logits[0][-1])
-    forward_each(model, [[token]] * batch, caches, trace=dec)
+    forward_batch(model, [[token]] * batch, caches, trace=dec)
     return pre, dec, token

@@ -2,7 +2,7 @@
 length), and where the FLOPs that `forward(..., last_only=True)` saves come from."""
 from __future__ import annotations
 
-from ..core.model import forward
+from ..core.reference import forward
 from ..core.trace import Trace
 
 MAX_PROMPT_TOKENS = 32  # the attention explorer traces at most this many tokens (a quick forward)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.cache import LayerKV
-from ..core.model import Model, check_token_ids, decoder_block, embed_tokens, forward
+from ..core.model import Model
 from ..core.ops import apply_rope, rmsnorm, rope_angles
+from ..core.reference import decoder_block, embed_tokens, forward
 from ..core.rope import layout_permutation, permute_head_columns, rope_pairs, with_layout  # noqa: F401
+from ..core.validate import check_token_ids
 
 
 def rotate(vector, position, base=10000.0, layout="halves") -> np.ndarray:

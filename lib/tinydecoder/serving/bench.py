@@ -21,9 +21,9 @@ import dataclasses
 
 import numpy as np
 
-from ..core import fast
+from ..core import fast, reference
 from ..core.cache import KVCache
-from ..core.model import Model, forward, forward_each
+from ..core.model import Model
 from ..core.trace import Trace
 from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.* by notebook 11
     H100_SXM,
@@ -43,7 +43,7 @@ from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 # What is timed: "fast" (tinydecoder.fast; a batch decodes from one BatchKVCache) or "reference"
 # (model.forward, and forward_each: one sequence after another). Traces always use the reference.
-PATHS = {"fast": (fast.forward_fast, fast.forward_batch), "reference": (forward, forward_each)}
+PATHS = {"fast": (fast.forward, fast.forward_batch), "reference": (reference.forward, reference.forward_batch)}
 
 
 def forward_of(path: str):
@@ -104,11 +104,11 @@ def cache_copy(cache, extra: int = 1):
 
 
 def traced(model: Model, batch, caches, last_only=True) -> Trace:
-    """Run the reference forward_each with a trace (attention weights not kept) on copies of the caches,
+    """Run the reference.forward_batch with a trace (attention weights not kept) on copies of the caches,
     so the caches passed in are left as they were."""
     trace = Trace(keep_weights=False)
     copies = [None if c is None else cache_copy(c, len(ids)) for c, ids in zip(caches, batch)]
-    forward_each(model, batch, copies, last_only=last_only, trace=trace)
+    reference.forward_batch(model, batch, copies, last_only=last_only, trace=trace)
     return trace
 
 
@@ -143,7 +143,7 @@ def prefilled_cache(model: Model, context: int):
     ids = bench_tokens(model, context, seed=1)
     cache = model.new_cache(context + 1)
     for start in range(0, context, 512):
-        fast.forward_fast(model, ids[start:start + 512], cache, last_only=True)
+        fast.forward(model, ids[start:start + 512], cache, last_only=True)
     return cache
 
 
@@ -252,7 +252,7 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
     probe = bandwidth_probe(bandwidth_bytes)
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
     bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
-    forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
+    reference.forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
     flops_probe = matmul_probe(matmul_n)
     prefill = {n: prefill_speed(model, n, repeat, path, probe=flops_probe) for n in lengths}
     cache = prefilled_cache(model, max(max(lengths), batch_context))

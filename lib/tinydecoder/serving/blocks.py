@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.config import Config
-from ..core.model import check_token_ids
+from ..core.validate import check_token_ids
 
 
 class PoolExhaustedError(RuntimeError):

@@ -15,7 +15,7 @@ same for every chunk size (up to float rounding); the cache ends up the same too
     from tinydecoder import toy_model
     from tinydecoder.chunked import prefill_chunked, chunk_masks
     run = prefill_chunked(toy_model(), [0, 1, 2, 3, 4], chunk_size=2)
-    run.logits.shape        # (5, 6): one row per prompt position, as forward() gives
+    run.logits.shape        # (5, 6): one row per prompt position, as fast.forward() gives
     run.spans               # [(0, 2), (2, 4), (4, 5)]
     [m.shape for m in chunk_masks(5, 2)]   # [(2, 2), (2, 4), (1, 5)]
 """
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.fast import forward_fast as forward
-from ..core.generate import work_counts
-from ..core.model import Model, check_token_ids
+from ..core import fast
+from ..core.model import Model
 from ..core.ops import causal_mask
+from ..core.validate import check_token_ids
+from ..decoding.generate import work_counts
 
 
 def _check_chunk_size(chunk_size) -> int:
@@ -79,7 +80,7 @@ class ChunkedPrefill:
 
 def prefill_chunked(model: Model, prompt, chunk_size: int, cache=None) -> ChunkedPrefill:
     """Prefill `prompt` into `cache` (a new one when None) chunk by chunk, one forward call per
-    chunk. Returns every position's logits [S, V] (equal to forward(model, prompt) up to float
+    chunk. Returns every position's logits [S, V] (equal to fast.forward(model, prompt) up to float
     rounding), the chunk spans, the filled cache and the work of each chunk.
 
     A cache passed in may already hold a prefix (positions 0..past-1); `prompt` then holds only
@@ -93,6 +94,6 @@ def prefill_chunked(model: Model, prompt, chunk_size: int, cache=None) -> Chunke
     spans = chunk_spans(past + len(ids), chunk_size, start=past)
     logits, pairs = [], []
     for a, b in spans:
-        logits.append(forward(model, ids[a - past:b - past], cache))  # [b - a, V]
+        logits.append(fast.forward(model, ids[a - past:b - past], cache))  # [b - a, V]
         pairs.append(work_counts(cfg, a, b - a)[1])
     return ChunkedPrefill(np.concatenate(logits, axis=0), spans, cache, pairs)

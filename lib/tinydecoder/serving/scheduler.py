@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.fast import forward_batch
-from ..core.model import Model, check_token_ids
-from ..core.sampling import greedy
-from ..core.validate import int_at_least, is_int
+from ..core.model import Model
+from ..core.validate import check_token_ids, int_at_least, is_int
+from ..decoding.sampling import greedy
 from .backends import ContiguousKV
 
 PREFILL, DECODE = "prefill", "decode"

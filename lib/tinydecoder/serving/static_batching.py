@@ -20,8 +20,8 @@ import time
 
 from ..core.fast import forward_batch
 from ..core.model import Model
-from ..core.sampling import greedy
 from ..core.validate import int_at_least
+from ..decoding.sampling import greedy
 from .backends import ContiguousKV
 from .scheduler import DECODE, PREFILL, RequestResult, Schedule, Step, Work, _check_requests
 

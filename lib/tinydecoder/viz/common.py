@@ -8,8 +8,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
-from ..core.model import MATMUL_OPS  # noqa: F401 (viz.MATMUL_OPS)
 from ..core.ops import causal_mask, softmax
+from ..core.reference import MATMUL_OPS  # noqa: F401 (viz.MATMUL_OPS)
 
 MASK_COLOR = "#d0d0d0"
 MASK_HATCH = "///"

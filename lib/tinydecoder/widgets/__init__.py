@@ -10,7 +10,8 @@ The pattern, for every widget:
    `.output` (the Output area), `.data` (the latest data) and `.refresh()`, so a test can set
    `box.controls["angle"].value = 90` and check `box.data`.
 """
-from ..core.model import LAYER_STEPS, check_token_ids, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.reference import LAYER_STEPS, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.validate import check_token_ids  # noqa: F401 (widgets.check_token_ids)
 from .base import *  # noqa: F403
 from .base import STYLE, _in_ipython  # noqa: F401
 from .model import *  # noqa: F403

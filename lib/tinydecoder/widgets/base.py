@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipywidgets as W
 import matplotlib.pyplot as plt
 
-from ..core.model import LAYER_STEPS, check_token_ids, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.reference import LAYER_STEPS, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
 
 STYLE = {"description_width": "initial"}  # show the whole description, not a clipped one
 

@@ -6,7 +6,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..core.sink_cache import kept_positions
+from ..algorithms.sink_cache import kept_positions
 from ..serving.capacity import bytes_per_request, sliding_window_kv_bytes
 from .base import STYLE, panel
 

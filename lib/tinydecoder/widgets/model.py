@@ -9,9 +9,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import viz
-from ..core.model import LAYER_STEPS, check_token_ids, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
 from ..core.ops import attention
-from ..core.validate import layer_index
+from ..core.reference import LAYER_STEPS, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.validate import check_token_ids, layer_index
 from .base import STYLE, panel, show  # noqa: F401
 
 # ----------------------------------------------------------------------------- 01: embeddings

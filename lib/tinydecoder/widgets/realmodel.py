@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import viz
-from ..core.model import LAYER_STEPS, check_token_ids, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.reference import LAYER_STEPS, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
 from .base import STYLE, panel, show  # noqa: F401
 
 # ----------------------------------------------------------------------------- 07: the cache, round by round
@@ -119,7 +119,7 @@ def sampling_widget(logits, labels, n_show=15, log_scale=False):
     kept set and the probabilities of the best `n_show` tokens; checkbox "log scale" shows the
     small probabilities of the tail. labels: a sequence (labels[id]) or a function (labels(id))
     giving a token's text."""
-    from ..core.sampling import distribution_view
+    from ..decoding.sampling import distribution_view
 
     temperature = W.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
                                 continuous_update=False, style=STYLE)

@@ -7,7 +7,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import viz
-from ..core.model import LAYER_STEPS, check_token_ids, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.reference import LAYER_STEPS, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.validate import check_token_ids
 from .base import STYLE, panel, show  # noqa: F401
 
 # ----------------------------------------------------------------------------- 18: chunked prefill
@@ -17,8 +18,8 @@ def chunked_prefill_view(model, token_ids, chunk_size):
     -> {"chunk_size", "spans" [(a, b)], "masks" [[b-a, b] additive], "forward_calls",
         "max_abs_diff" (max |Δ logits| over every position), "same_next_token",
         "score_pairs" (per chunk), "one_shot_pairs"}."""
-    from ..core.generate import work_counts
-    from ..core.model import forward
+    from ..core.reference import forward
+    from ..decoding.generate import work_counts
     from ..serving.chunked import chunk_masks, prefill_chunked
 
     ids = check_token_ids(model.config, token_ids)

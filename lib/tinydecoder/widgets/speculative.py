@@ -10,7 +10,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..core.fast import forward_fast
+from ..core import fast
 from .base import STYLE, panel
 
 COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "target": "#1565c0", "context": "#757575"}
@@ -95,14 +95,14 @@ def verify_pass_seconds(model, context, rows=(1, 2, 3, 5, 9, 17), repeat: int = 
     of `repeat`), for each n in `rows`: {n: seconds}, on the fast path `speculative_generate`
     verifies with. The cache is rolled back after each pass."""
     cache = model.new_cache(capacity=len(context) + max(rows))
-    forward_fast(model, context, cache, last_only=True)
+    fast.forward(model, context, cache, last_only=True)
     seconds = {}
     for n in rows:
         ids = list(context[-n:]) if n <= len(context) else [int(context[-1])] * n
         best = float("inf")
         for _ in range(repeat):
             start = time.perf_counter()
-            forward_fast(model, ids, cache, last_only=n == 1)
+            fast.forward(model, ids, cache, last_only=n == 1)
             best = min(best, time.perf_counter() - start)
             cache.truncate(len(context))
         seconds[int(n)] = best

@@ -1,16 +1,17 @@
 """The generation loop: prefill once, then feed only the newly chosen token each step
-(on the fast path, `fast.forward_fast`)."""
+(on the fast path, `fast.forward`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import Config
-from .fast import forward_fast
-from .model import Model, check_token_ids
+from ..core import fast
+from ..core.config import Config
+from ..core.model import Model
+from ..core.validate import check_token_ids
+from ..core.validate import max_new_tokens as check_max_new_tokens
 from .sampling import greedy
-from .validate import max_new_tokens as check_max_new_tokens
 
 
 @dataclass
@@ -98,7 +99,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     for step in range(1, max_new_tokens + 1):
         past = len(cache) if use_cache else 0  # positions attended to
         new = tokens[tokens_fed(cache) if use_cache else 0:]
-        logits = forward_fast(model, new, cache if use_cache else None, last_only=True)[-1]  # [V]
+        logits = fast.forward(model, new, cache if use_cache else None, last_only=True)[-1]  # [V]
         rows, pairs = work_counts(cfg, past, len(new))
         result.projected_rows += rows
         result.score_pairs += pairs

@@ -22,8 +22,10 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .fast import forward_batch
-from .model import Model, check_token_ids, forward
+from ..core.fast import forward_batch
+from ..core.model import Model
+from ..core.reference import forward
+from ..core.validate import check_token_ids
 from .processors import apply_processors, check_processors, should_stop
 from .sampling import best_tokens
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import HeldBytes, check_made_for, common_length
-from .config import Config
-from .fast import forward_fast, rope_tables, rotate
-from .model import check_token_ids
+from ..core import fast
+from ..core.cache import HeldBytes, check_made_for, common_length
+from ..core.config import Config
+from ..core.fast import rope_tables, rotate
+from ..core.validate import check_token_ids
 
 
 def _count(value, name: str, minimum: int) -> int:
@@ -153,7 +154,7 @@ class SinkCache(HeldBytes):
 def stream_forward(model, token_ids, cache: SinkCache, piece: int = 1) -> np.ndarray:
     """Logits [N, V] for a long text fed through a bounded cache: first as many tokens as fit
     without eviction in one prefill (exact), then `piece` tokens per forward call (1 = decode,
-    StreamingLLM's setting). Runs on the fast path (`forward_fast`, equal to the reference
+    StreamingLLM's setting). Runs on the fast path (`fast.forward`, equal to the reference
     `forward` with a sink cache; tests/core/test_sink_cache.py)."""
     if not isinstance(cache, SinkCache):
         raise TypeError(f"stream_forward needs a SinkCache, got {type(cache).__name__}")
@@ -163,7 +164,7 @@ def stream_forward(model, token_ids, cache: SinkCache, piece: int = 1) -> np.nda
     ids = check_token_ids(model.config, token_ids)
     first = min(len(ids), cache.capacity - len(cache))
     bounds = [0] + ([first] if first else []) + list(range(first + piece, len(ids), piece)) + [len(ids)]
-    return np.concatenate([forward_fast(model, ids[a:b], cache) for a, b in zip(bounds[:-1], bounds[1:]) if b > a])
+    return np.concatenate([fast.forward(model, ids[a:b], cache) for a, b in zip(bounds[:-1], bounds[1:]) if b > a])
 
 
 def next_token_nll(logits, token_ids) -> np.ndarray:

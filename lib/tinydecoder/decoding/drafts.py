@@ -20,8 +20,8 @@ import dataclasses
 
 import numpy as np
 
-from .fast import forward_fast as forward
-from .model import Model
+from ..core import fast
+from ..core.model import Model
 
 
 class PromptLookupDraft:
@@ -105,7 +105,7 @@ class ModelDraft:
         context, ids, qs = list(tokens), [], []
         for _ in range(k):
             new = context[len(self.cached_tokens):]
-            logits = forward(self.model, new, self.cache, last_only=True)[-1]  # [V]
+            logits = fast.forward(self.model, new, self.cache, last_only=True)[-1]  # [V]
             self.forward_calls += 1
             self.cached_tokens += new
             token, q = policy.pick(logits)
@@ -148,9 +148,10 @@ def early_exit_agreement(model: Model, token_ids, start: int, layers=None) -> di
     model's greedy token, at every position from `start - 1` on (predicting token_ids[start:]
     and one more), with the true context before it: the greedy acceptance rate of the
     early-exit draft's first guess.  -> {L: fraction}, for L in `layers` (default 1..n_layers)."""
-    from .model import check_token_ids, decoder_block, embed_tokens
-    from .model import forward as reference_forward
-    from .ops import rmsnorm
+    from ..core.ops import rmsnorm
+    from ..core.reference import decoder_block, embed_tokens
+    from ..core.reference import forward as reference_forward
+    from ..core.validate import check_token_ids
 
     cfg = model.config
     ids = check_token_ids(cfg, token_ids)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import check_made_for, common_length
-from .config import Config
+from ..core.cache import check_made_for, common_length
+from ..core.config import Config
 
 ALLOWED_BITS = (2, 4, 8)
 AXES = ("channel", "token")
@@ -265,7 +265,7 @@ def round_trip(x, bits: int = 8, axis: str = "token", group_size: int = 32, dtyp
 def attention_error(q, k, v, bits: int = 8, key_axis: str = "channel", value_axis: str = "token",
                     group_size: int = 32) -> float:
     """Relative error ||o - o_hat|| / ||o|| of causal attention when K and V are quantised."""
-    from .ops import attention
+    from ..core.ops import attention
 
     k_hat, _ = round_trip(k, bits, key_axis, group_size, k.dtype)
     v_hat, _ = round_trip(v, bits, value_axis, group_size, v.dtype)
@@ -278,7 +278,8 @@ def chunked_perplexity(model, token_ids, cache=None, prefix: int = 32, chunk: in
 
     The first `prefix` tokens are prefilled; the rest is fed `chunk` tokens at a time, so
     every later token attends to keys and values read back from the cache."""
-    from .model import check_token_ids, forward
+    from ..core.reference import forward
+    from ..core.validate import check_token_ids
 
     ids = check_token_ids(model.config, token_ids)
     if not 1 <= prefix < len(ids):

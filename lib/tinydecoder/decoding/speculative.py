@@ -3,7 +3,7 @@
     tokens = prompt;  prefill the prompt, pick token 1             (as generate's first round)
     repeat:
         x_1..x_n = draft.propose(tokens, k)                        # n <= k, maybe 0
-        logits = forward(target, [last token, x_1..x_n], cache)    # [n+1, V]: one pass, n+1 rows
+        logits = fast.forward(target, [last token, x_1..x_n], cache)    # [n+1, V]: one pass, n+1 rows
         keep the longest prefix x_1..x_a the target agrees with,
         then one token from the target (a correction, or a bonus when all n were kept)
         cache.truncate(len(tokens) - 1)                            # forget the rejected rows
@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core import fast
+from ..core.model import Model
+from ..core.validate import check_token_ids
 from .drafts import make_draft
-from .fast import forward_fast as forward
-from .model import Model, check_token_ids
 from .sampling import Sampler, draw, greedy, is_greedy, sampling_distribution
 
 
@@ -235,7 +236,7 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
                 return True
         return len(tokens) - result.prompt_length >= max_new_tokens
 
-    logits = forward(model, tokens, cache, last_only=True)[-1]  # prefill: [V]
+    logits = fast.forward(model, tokens, cache, last_only=True)[-1]  # prefill: [V]
     result.target_forward_calls = 1
     done = emit([policy.pick(logits)[0]])
     while not done:
@@ -244,7 +245,7 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
         proposed = [int(t) for t in proposed[:budget]]
         if proposed:
             check_token_ids(cfg, proposed)
-        logits = forward(model, [tokens[-1]] + proposed, cache, last_only=not proposed)  # [n+1, V]
+        logits = fast.forward(model, [tokens[-1]] + proposed, cache, last_only=not proposed)  # [n+1, V]
         result.target_forward_calls += 1
         accepted, token = verify(logits, proposed, q, policy)
         cache.truncate(len(tokens) + accepted)  # keeps [.., last, x_1..x_a]: len(tokens after) - 1

@@ -25,7 +25,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .ops import softmax
+from ..core.ops import softmax
 
 
 def check_sampling_params(temperature=None, top_k=None, top_p=None) -> None:

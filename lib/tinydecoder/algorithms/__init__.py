@@ -1,0 +1,1 @@
+"""Part II's algorithms: FlashAttention's tiling, a quantized KV cache, the attention-sink cache."""

@@ -1,0 +1,2 @@
+"""Decoding strategies on top of a forward pass: generate, sampling, logits processors, beam search,
+speculative decoding and its drafts."""
