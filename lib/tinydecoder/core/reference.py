@@ -33,14 +33,16 @@ def embed_tokens(model: Model, ids, positions) -> np.ndarray:
 
 
 def decoder_block(layer: LayerWeights, x, positions, kv: LayerKV, *, last_only=False, attend=attention,
-                  trace=None, record=None):
+                  trace=None, record=None, ffn=None):
     """One pre-norm block for one sequence.  x [S, D] -> [S, D] ([1, D] with last_only).
 
     `kv` is one layer of a cache (`cache.layer(l)`): the new keys and values are appended to
     it and attention reads all of them. last_only: only the last row goes on past attention
     (its query, attention, output projection and FFN); keys and values are made for all rows.
     `attend(q, K, V)` is attention itself (the lessons swap in broken ones); `trace` (a Trace)
-    and `record` (a dict, filled with every intermediate) are for looking inside."""
+    and `record` (a dict, filled with every intermediate) are for looking inside. `ffn(l, layer, z)`
+    -> [Sq, D], when given, replaces the dense SwiGLU feed-forward of layer l (e.g. a mixture
+    of experts); None is the dense one."""
     cfg = kv.config
     Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)  # [S, D]
@@ -55,20 +57,22 @@ def decoder_block(layer: LayerWeights, x, positions, kv: LayerKV, *, last_only=F
     out = attend(q, k_all, v_all)  # [Sq, Hq*d]
     x1 = (x[-1:] if last_only else x) + out @ layer.wo  # [Sq, D]
     z = rmsnorm(x1, layer.ffn_norm, cfg.norm_eps)
-    x2 = x1 + swiglu(z, layer.w_gate, layer.w_up) @ layer.w_down  # [Sq, D]
+    ffn_out = swiglu(z, layer.w_gate, layer.w_up) @ layer.w_down if ffn is None else ffn(kv.index, layer, z)
+    x2 = x1 + ffn_out  # [Sq, D]
     if trace is not None or record is not None:
         look_inside(trace, record, kv, layer, x, h, hq, q, k, k_all, v_all, out, x1, z, x2)
     return x2
 
 
 def forward(model: Model, token_ids, cache=None, *, last_only: bool = False, trace: Trace | None = None,
-            positions=None, attend=attention) -> np.ndarray:
+            positions=None, attend=attention, ffn=None) -> np.ndarray:
     """Logits [S, V] for S new tokens; with a cache, attend to its past and append the new K/V.
 
     last_only=True returns only the last position's logits [1, V], and the last layer
     computes queries, attention and FFN for that position alone (its K/V still for all).
     `positions` of the new tokens default to right after the cache (anything else is a
-    position bug, which the lessons show); `attend` replaces attention (the lessons' bugs)."""
+    position bug, which the lessons show); `attend` replaces attention (the lessons' bugs);
+    `ffn(l, layer, z)` replaces every layer's feed-forward (see decoder_block)."""
     cfg = model.config
     ids = check_token_ids(cfg, token_ids)
     cache = model.new_cache(len(ids)) if cache is None else check_cache(cache, cfg, model.dtype)
@@ -81,7 +85,7 @@ def forward(model: Model, token_ids, cache=None, *, last_only: bool = False, tra
     for l, layer in enumerate(model.layers):
         last = last_only and l == cfg.n_layers - 1  # earlier layers' rows feed later K/V
         x = decoder_block(layer, x, positions, LayerKV(cache, l, cfg), last_only=last, attend=attend,
-                          trace=trace)
+                          trace=trace, ffn=ffn)
     h = rmsnorm(x, model.final_norm, cfg.norm_eps)
     logits = h @ model.lm_head  # [S, V]
     if trace is not None:
