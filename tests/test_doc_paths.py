@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lib" / "tinydecoder"
 DOTTED = re.compile(r"\btinydecoder(?:\.[A-Za-z_]\w*)+")
 FILE = re.compile(r"(?<![\w/.-])((?:[A-Za-z_]\w*/)*[A-Za-z_]\w*\.py)\b")
-KNOWN_FILES = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if ".venv" not in p.parts}
+KNOWN_FILES = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
+               if not any(part.startswith(".venv") for part in p.parts)}
 BASENAMES = {Path(p).name for p in KNOWN_FILES}
 # files that are not ours, named where the docs cite where an idea comes from
 CITED = {"run.c", "setup.py", "nbgrader_config.py", "modeling_llama.py", "convert_hf_to_gguf.py", "radix_cache.py", "block_manager.py",
