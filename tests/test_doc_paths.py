@@ -16,8 +16,8 @@ KNOWN_FILES = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
                if not any(part.startswith(".venv") for part in p.parts)}
 BASENAMES = {Path(p).name for p in KNOWN_FILES}
 # files that are not ours, named where the docs cite where an idea comes from
-CITED = {"run.c", "setup.py", "nbgrader_config.py", "modeling_llama.py", "convert_hf_to_gguf.py", "radix_cache.py", "block_manager.py",
-         "scheduler.py", "llama.py", "model.py"}
+CITED = {"run.c", "setup.py", "nbgrader_config.py", "modeling_llama.py", "convert_hf_to_gguf.py", "radix_cache.py",
+         "block_manager.py", "scheduler.py", "llama.py", "model.py"}
 
 
 def docstrings(path: Path) -> str:
