@@ -143,6 +143,11 @@ def add_grade_arguments(parser) -> None:
 
 
 def cmd_grade(args) -> int:
+    try:
+        import nbclient  # noqa: F401
+        import nbformat  # noqa: F401
+    except ImportError:
+        raise ValueError("grade runs notebooks with nbclient: pip install 'tinydecoder[grade]'") from None
     paths = []
     for given in map(Path, args.notebooks):  # a folder stands for every notebook under it
         paths += sorted(p for p in given.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts) \
