@@ -1,4 +1,4 @@
-"""Command line: `python -m tinydecoder seed|generate|bench|verify ...`."""
+"""Command line: `python -m tinydecoder seed|generate|bench|verify|grade ...`."""
 from __future__ import annotations
 
 import argparse
@@ -371,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "them in the manifest")
     verify.set_defaults(func=cmd_verify)
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
+    from .lessons.grading import add_grade_arguments  # issue 22: grade a class's notebooks
+
+    add_grade_arguments(sub.add_parser("grade", help="run notebooks headless and grade their `implement` exercises"))
     return parser
 
 
