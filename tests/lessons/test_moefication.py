@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.algorithms import moe
 from tinydecoder.core.ops import swiglu
 from tinydecoder.lessons import moe_models
 from tinydecoder.lessons import moefication as mf
