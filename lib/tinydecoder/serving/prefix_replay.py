@@ -12,6 +12,8 @@ Both keep at least one prompt token to prefill (its logits pick the first output
 cache the finished sequence (prompt + output), and both count memory the same way: cached
 tokens plus the running request's own. Requests run one at a time; `replay` picks the next
 one first-come-first-served ("fcfs") or longest cached prefix first ("lpm", SGLang's policy).
+Looking up a waiting request's prefix marks the tree's nodes as used (as SGLang's own prefix
+matching does when its scheduler sorts the queue); the hash chain's lookup changes nothing.
 
     report = replay(requests, RadixReplay(capacity_tokens=512), policy="lpm")
     report.hit_rate, report.rows      # cached prompt tokens / prompt tokens, one row per request
