@@ -247,3 +247,13 @@ def test_radix_store_gives_the_one_shot_logits():
     np.testing.assert_allclose(big.logits, td.forward_fast(model, list(range(20))), rtol=0, atol=1e-12)
     store.finish(big)
     assert len(store.tree) + len(store.free) == 24
+
+
+def test_eviction_granularity_by_hand():
+    """Room for 4 tokens. r0 caches [1, 2, 3, 4]; r1 needs 2 tokens of room; r2 asks for [1, 2, 3].
+    The chain frees r0's blocks tail first, so r1 evicts [4] and [3] and r2 finds [1, 2]; had it
+    freed head first, [1] and [2] would go and r2 would find nothing. The tree evicts r0's leaf
+    whole (no other request has split it), so r2 finds nothing there."""
+    work = [ReplayRequest("r0", [1, 2, 3, 4]), ReplayRequest("r1", [5, 6]), ReplayRequest("r2", [1, 2, 3, 9])]
+    assert [r[2] for r in replay(work, BlockHashCache(1, capacity_blocks=4)).rows] == [0, 0, 2]
+    assert [r[2] for r in replay(work, RadixReplay(capacity_tokens=4)).rows] == [0, 0, 0]
