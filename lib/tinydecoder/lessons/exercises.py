@@ -9,6 +9,9 @@ The answer cell that follows is tagged `solution` with its source hidden; it fil
 placeholder between nbgrader's `### BEGIN SOLUTION` / `### END SOLUTION` markers and calls
 `check` again.
 
+`check_implementation(name, fn)` runs an "implement it" exercise: the learner writes a function
+and the cases of lessons/implement/chNN.py judge it (one line per case, never raises).
+
 `within_rounding(a, b)` prints that two results agree up to float rounding without printing the
 rounding itself, whose digits change with the BLAS library, its kernels and its thread count.
 """
@@ -76,3 +79,10 @@ def within_rounding(a, b) -> str:
     if diff < bound:
         return f"< {bound:.0e} ({name})"
     return f"{diff:.1e} (NOT within {name} rounding, {bound:.0e})"
+
+
+def check_implementation(name: str, fn):
+    """Run the "implement it" exercise `name` on the learner's `fn` (see lessons/implement)."""
+    from .implement import check_implementation as run
+
+    return run(name, fn)
