@@ -362,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "them in the manifest")
     verify.set_defaults(func=cmd_verify)
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
+    from .parallel.cli import add_parallel_arguments
+
+    add_parallel_arguments(gen, bench)  # --tensor-parallel N (tinydecoder.parallel, over MPI)
     return parser
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -141,13 +142,22 @@ def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float
                         results={r: v[1] for r, v in done.items() if v[0] == "ok"})
     missing_ranks = [r for r in range(n) if r not in done]
     if missing_ranks or proc.returncode != 0:
-        tail = " | ".join(err.strip().splitlines()[-3:])
-        raise RankError(f"rank(s) {missing_ranks} of {n} exited without a result (mpiexec exit status "
-                        f"{proc.returncode}){': ' + tail if tail else ''}",
-                        rank=missing_ranks[0] if missing_ranks else None,
+        dead, code = died(err)
+        others = [r for r in missing_ranks if r != dead]
+        what = (f"rank {dead} of {n} died (exit code {code}) before returning a result" if dead is not None
+                else f"rank(s) {missing_ranks} of {n} exited without a result (mpiexec exit status {proc.returncode})")
+        raise RankError(what + (f"; mpiexec then stopped rank(s) {others}" if dead is not None and others else ""),
+                        rank=dead if dead is not None else (missing_ranks[0] if missing_ranks else None),
                         results={r: v[1] for r, v in done.items() if v[0] == "ok"})
     results = [done[r][1] for r in range(n)]
     return Job(results, seconds, out, err) if job else results
+
+
+def died(stderr: str) -> tuple:
+    """(rank, exit code) of the process Open MPI reports dead in its stderr, else (None, None)."""
+    rank = re.search(r"Process name:\s*\[[^\]]*,(\d+)\]", stderr) or re.search(r"process rank (\d+)", stderr)
+    code = re.search(r"Exit code:\s*(-?\d+)", stderr) or re.search(r"exited on signal (\d+)", stderr)
+    return (int(rank.group(1)) if rank else None), (int(code.group(1)) if code else None)
 
 
 def read_results(folder, n: int) -> dict:

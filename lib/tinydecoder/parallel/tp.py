@@ -45,18 +45,22 @@ def small_tp_config() -> Config:
 
 
 def resolve_model(model) -> Model:
-    """"smollm2" (memory-mapped), "small" (small_tp_config, seed 0), or a Model as it is."""
+    """"smollm2" (memory-mapped), "small" (small_tp_config, seed 0), "toy" (seed 000's, float64), or a Model."""
     if isinstance(model, Model):
         return model
     if model == "smollm2":
         from ..checkpoint.smollm2 import load_smollm2
 
         return load_smollm2()
+    if model == "toy":
+        from ..core.toy import toy_model
+
+        return toy_model()
     if model == "small":
         from ..core.toy import random_model
 
         return random_model(small_tp_config(), seed=0)
-    raise ValueError(f"model must be 'smollm2', 'small' or a Model, got {model!r}")
+    raise ValueError(f"model must be 'smollm2', 'small', 'toy' or a Model, got {model!r}")
 
 
 def tp_forward(shard: ModelShard, comm: TracedComm, token_ids, cache: KVCache, *, last_only: bool = False):
