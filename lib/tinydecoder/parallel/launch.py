@@ -169,3 +169,27 @@ def read_results(folder, n: int) -> dict:
             with open(path, "rb") as f:
                 found[r] = pickle.load(f)
     return found
+
+
+# ----------------------------------------------------------------------------- small targets
+# (for trying the launcher, and for its tests: a rank that answers, one that stalls, one that dies)
+
+def hello(comm) -> dict:
+    """Each rank's place in the job."""
+    return {"rank": comm.Get_rank(), "size": comm.Get_size(), "pid": os.getpid()}
+
+
+def stall(comm, seconds: float = 3600.0, rank: int = 0) -> int:
+    """Rank `rank` sleeps; the others wait for it in a barrier (a hung job, for the timeout)."""
+    if comm.Get_rank() == rank:
+        time.sleep(seconds)
+    comm.Barrier()
+    return comm.Get_rank()
+
+
+def crash(comm, rank: int = 1, code: int = 3) -> int:
+    """Rank `rank` exits at once without a result; the others wait in a barrier."""
+    if comm.Get_rank() == rank:
+        os._exit(code)
+    comm.Barrier()
+    return comm.Get_rank()
