@@ -74,3 +74,22 @@ def test_traffic_per_token_for_smollm2():
 def test_step_time_model_and_kv_bytes():
     assert step_time_model(3.0e9, 1.5e9, 1e-3, 30) == pytest.approx(2.0 + 0.06)
     assert kv_bytes(random_model(small_tp_config()), 10) == 10 * 2 * 2 * 3 * 8 * 4
+
+
+def test_views_draw_and_the_widget_recomputes():
+    from tinydecoder.parallel import views
+
+    rows = views.model_rows(3e9, 10, 1e9, 1e-3, degrees=(1, 3))
+    assert rows[1] == (3.0, 0.0) and rows[3] == pytest.approx((1.0, 0.02))  # tp=1 waits for no all-reduce
+    assert views.timing_figure({"tp=1": {"step_seconds": 0.2, "comm_seconds": 0.0},
+                                "tp=3": {"step_seconds": 0.3, "comm_seconds": 0.2}}).axes
+    box = views.step_model_widget()
+    first = box.data[3]
+    box.controls["latency"].value = 40.0
+    assert box.data[3][1] > first[1] and box.data[3][0] == first[0]  # only the all-reduce term moves
+    assert set(box.data) == {1, 3}  # SmolLM2's shapes allow 1 and 3
+    box.controls["model"].value = "Llama-3-70B, bfloat16"
+    assert set(box.data) == {1, 2, 4, 8}
+    w = views.tpot_widget([0.1, 0.1, 0.1, 2.0], [0.1, 0.12, 0.11, 0.13])
+    assert w.data["colocated"] > w.data["disaggregated"]
+    assert views.tpot_figure([0.1, 2.0], [0.1, 0.2]).axes
