@@ -93,3 +93,11 @@ def test_views_draw_and_the_widget_recomputes():
     w = views.tpot_widget([0.1, 0.1, 0.1, 2.0], [0.1, 0.12, 0.11, 0.13])
     assert w.data["colocated"] > w.data["disaggregated"]
     assert views.tpot_figure([0.1, 2.0], [0.1, 0.2]).axes
+
+
+def test_the_launcher_reads_which_rank_open_mpi_saw_die():
+    from tinydecoder.parallel.launch import died
+
+    assert died("Process name: [prterun-host-15421@1,1]\n  Exit code:    3") == (1, 3)  # Open MPI 5
+    assert died("Process name: [[1234,1],2]\n  Exit code: 7") == (2, 7)  # Open MPI 4
+    assert died("mpiexec: something else") == (None, None)

@@ -155,9 +155,12 @@ def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float
 
 def died(stderr: str) -> tuple:
     """(rank, exit code) of the process Open MPI reports dead in its stderr, else (None, None)."""
-    rank = re.search(r"Process name:\s*\[[^\]]*,(\d+)\]", stderr) or re.search(r"process rank (\d+)", stderr)
+    name = re.search(r"Process name:\s*(\S+)", stderr)  # [prterun-host-123@1,RANK] (5.x), [[123,1],RANK] (4.x)
+    rank = int(re.findall(r"\d+", name.group(1))[-1]) if name and re.findall(r"\d+", name.group(1)) else None
+    if rank is None and (found := re.search(r"process rank (\d+)", stderr)):
+        rank = int(found.group(1))
     code = re.search(r"Exit code:\s*(-?\d+)", stderr) or re.search(r"exited on signal (\d+)", stderr)
-    return (int(rank.group(1)) if rank else None), (int(code.group(1)) if code else None)
+    return rank, (int(code.group(1)) if code else None)
 
 
 def read_results(folder, n: int) -> dict:

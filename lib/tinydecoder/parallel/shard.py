@@ -14,8 +14,11 @@ With tp ranks, rank r holds:
     norms, the position table: replicated (a few KB)
 
 Every slice is a view of the model's arrays, for SmolLM2 memory-mapped from the weight cache,
-so a rank reads only its shard's bytes and nothing is copied. Its KV cache holds its own KV heads
-only: a KVCache made for `local_config` (the shard's head counts).
+so a rank reads only its shard's bytes and nothing is copied. (A column slice of a row-major
+matrix is strided: the rank's matmuls read only its columns, but the 4 KB pages the operating
+system maps for them also hold neighbouring ranks' columns. Wo's rows and the embedding's rows are
+contiguous; Wdown is stored column-major, so its row slice is strided too.) Its KV cache holds
+its own KV heads only: a KVCache made for `local_config` (the shard's head counts).
 
 tp must divide Hkv (whole KV groups; Hq is a multiple of Hkv, so whole query heads follow),
 F and V (equal shards: every rank's all-reduce and gather buffers have one shape)."""
