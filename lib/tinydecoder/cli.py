@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
     from .parallel.cli import add_parallel_arguments
 
-    add_parallel_arguments(gen, bench)  # --tensor-parallel N (tinydecoder.parallel, over MPI)
+    add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)  # --tensor-parallel N
     return parser
 
 

@@ -89,6 +89,12 @@ def test_cli_tensor_parallel_prints_what_one_process_prints(capsys):
     assert capsys.readouterr().out == plain == " 3 2 0 4\n"
     assert main(args + ["--tensor-parallel", "2"]) == 2
     assert "degree 2 does not divide 1 KV heads of seed-000-toy" in capsys.readouterr().err
+    import json
+
+    assert main(["bench", "--tensor-parallel", "1", "--repeat", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["allreduces_per_token"] == report["expected"]["allreduce"] == 2 * 2 + 1
+    assert 0 <= report["communication_share"] <= 1 and report["decode_step_seconds"] > 0
 
 
 @pytest.mark.smollm2

@@ -14,14 +14,16 @@ import numpy as np
 UNSUPPORTED = ("beams", "speculative", "stop", "repetition_penalty", "min_p")
 
 
-def add_parallel_arguments(generate_parser, bench_parser) -> None:
+def add_parallel_arguments(generate_parser, bench_parser, *, toy_prompt, load_bench_model) -> None:
     """Add --tensor-parallel N to both parsers (after their set_defaults(func=...)): with N, the
-    command runs here; without it, the parser's own function, unchanged."""
+    command runs here; without it, the parser's own function, unchanged. toy_prompt(args) and
+    load_bench_model(name) are the root CLI's own (this package sits below it)."""
+    helpers = {"toy_prompt": toy_prompt, "load_bench_model": load_bench_model}
     for parser, command in ((generate_parser, fails_cleanly(cmd_generate)), (bench_parser, fails_cleanly(cmd_bench))):
         plain = parser.get_default("func")
 
         def run(args, plain=plain, command=command):
-            return plain(args) if args.tensor_parallel is None else command(args)
+            return plain(args) if args.tensor_parallel is None else command(args, **helpers)
 
         parser.set_defaults(func=run)
         parser.add_argument("--tensor-parallel", type=int, metavar="N",
@@ -42,9 +44,9 @@ def fails_cleanly(command):
     """Run the command; a RuntimeError (no MPI, a rank that failed or timed out) -> 'error: ...', status 1."""
     import sys
 
-    def run(args):
+    def run(args, **helpers):
         try:
-            return command(args)
+            return command(args, **helpers)
         except RuntimeError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -59,7 +61,7 @@ def degree(args, config) -> int:
     return check_degree(config, args.tensor_parallel)
 
 
-def cmd_generate(args) -> int:
+def cmd_generate(args, *, toy_prompt, **_) -> int:
     from ..checkpoint.smollm2 import TextGeneration
 
     for name in UNSUPPORTED:
@@ -70,7 +72,6 @@ def cmd_generate(args) -> int:
         raise ValueError("--tensor-parallel keeps each rank's share of the KV cache: drop --no-cache")
     sampling = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None}
     if args.model == "toy":
-        from ..cli import toy_prompt
         from ..core.toy import toy_config
 
         tp, prompt, stop_tokens = degree(args, toy_config()), toy_prompt(args), ()
@@ -109,8 +110,7 @@ def communication(results: list) -> dict:
     return out
 
 
-def cmd_bench(args) -> int:
-    from ..cli import load_bench_model
+def cmd_bench(args, *, load_bench_model, **_) -> int:
     from .tp import expected_traffic, step_time_model
 
     model = load_bench_model(args.model)
