@@ -86,13 +86,15 @@ def cmd_generate(args, *, toy_prompt, **_) -> int:
         tp, stop_tokens = degree(args, load_smollm2().config), (IM_END_ID, ENDOFTEXT_ID)
         decode = lambda ids: tok.decode([i for i in ids if i not in stop_tokens])
     results = launched(tp, dict(model=args.model, prompt=prompt, max_new_tokens=args.max_new_tokens,
-                                stop_tokens=stop_tokens, sampling=sampling or None), args.timeout)
+                                stop_tokens=stop_tokens, sampling=sampling or None,
+                                keep_freed_memory=bool(getattr(args, "malloc_kept", False))), args.timeout)
     tokens = results[0]["tokens"]
     steps = [max(r["steps"][i]["seconds"] for r in results) for i in range(len(tokens))]
     result = TextGeneration(list(prompt), tokens, decode(tokens), steps[0], sum(steps[1:]),
                             sum(r["cache_bytes"] for r in results), stopped=bool(tokens) and tokens[-1] in stop_tokens)
     if args.json:
-        print(json.dumps(result.to_dict() | {"tensor_parallel": tp} | communication(results), indent=2))
+        print(json.dumps(result.to_dict() | {"malloc_keeps_freed_memory": all(r["malloc_kept"] for r in results),
+                                             "tensor_parallel": tp} | communication(results), indent=2))
     else:  # as the single-process command streams it (the toy's ids each after a space)
         print("".join(f" {t}" for t in tokens) if args.model == "toy" else result.text)
     return 0

@@ -100,14 +100,21 @@ def greedy_token(logits) -> int:
 
 
 def generate_rank(comm, model="small", prompt=(0, 1, 2), max_new_tokens: int = 8, *, keep_logits: bool = False,
-                  stop_tokens=(), sampling: dict | None = None, allreduce_probe: int = 0) -> dict:
+                  stop_tokens=(), sampling: dict | None = None, allreduce_probe: int = 0,
+                  keep_freed_memory: bool = False) -> dict:
     """One rank of a tensor-parallel generation (run it with launch.run_ranks). Greedy unless
     `sampling` holds make_sampler's arguments (rank 0 samples, then broadcasts the token).
 
     Returns, per rank: its weight and cache bytes, and per step (1 = the prefill) its seconds, the
     seconds inside collectives and the collectives' counts and bytes; rank 0 also the tokens (and,
     with keep_logits, every step's logits: the prefill's [S, V], then [1, V] per step).
-    allreduce_probe: time that many all-reduces of one D-float row first (their median seconds)."""
+    allreduce_probe: time that many all-reduces of one D-float row first (their median seconds).
+    keep_freed_memory: this rank's malloc keeps freed memory (as the single-process CLI does for SmolLM2)."""
+    kept = False
+    if keep_freed_memory:
+        from ..serving.machine import keep_freed_memory as keep
+
+        kept = keep()
     traced = TracedComm(comm)
     full = resolve_model(model)
     tp = check_degree(full.config, traced.size)
@@ -137,7 +144,8 @@ def generate_rank(comm, model="small", prompt=(0, 1, 2), max_new_tokens: int = 8
         ids = [token]
     return {"rank": traced.rank, "tp": tp, "tokens": tokens if traced.rank == 0 else None,
             "logits": logits if traced.rank == 0 and keep_logits else None, "steps": steps,
-            "weight_bytes": shard.nbytes, "cache_bytes": cache.nbytes, "allreduce_seconds": probe}
+            "weight_bytes": shard.nbytes, "cache_bytes": cache.nbytes, "allreduce_seconds": probe,
+            "malloc_kept": kept}
 
 
 def allreduce_seconds(comm: TracedComm, width: int, repeat: int) -> float:
