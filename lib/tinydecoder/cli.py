@@ -371,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "them in the manifest")
     verify.set_defaults(func=cmd_verify)
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
+    from .parallel.cli import add_parallel_arguments  # --tensor-parallel N (MPI, tinydecoder.parallel)
+    add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)
     return parser
 
 
