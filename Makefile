@@ -34,17 +34,8 @@ test: $(STAMP) lint
 
 # Every notebook opened in JupyterLab in headless Chromium (widgets render and answer), and the
 # static site in Chromium. Needs Debian's chromium; CI runs it after `make test`.
-test-browser: test-browser
-
-# Every floor in pyproject.toml is true: a virtualenv with each direct dependency (and the test
-# extra's) at exactly its floor installs the project and passes the library tests.
-test-floors: $(STAMP)
-	$(PY) tools/floors.py --venv .venv-floors --extras test
-
-# Strict nbval under one and three BLAS threads, OpenBLAS's Sandybridge kernels and numpy without
-# its dispatched SIMD paths: stored outputs must not depend on one machine's float rounding.
-test-matrix: $(STAMP)
-	$(PY) tools/nbval_matrix.py $(NOTEBOOKS)
+test-browser: $(STAMP)
+	$(PIN_BLAS) $(PY) -m pytest -q tests -m browser
 
 lint: $(STAMP)
 	$(PY) -m ruff check lib tests tools notebooks
