@@ -124,6 +124,12 @@ class Engine:
         result.cancelled, result.finish_step = True, self.steps_run
         return True
 
+    def forget(self, i: int) -> None:
+        """Drop a finished request's record (a long-running server keeps no history)."""
+        if not self.results[i].finished:
+            raise ValueError(f"request {i} has not finished; cancel it first")
+        self.requests[i] = self.results[i] = None
+
     @property
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
