@@ -81,7 +81,8 @@ def main(argv=None) -> int:
             jobs = jobs_for(args.model, args.requests or n, args.max_tokens)
             r = run(url, args.model, jobs, n, args.timeout)
             r["speedup_vs_one_at_a_time"] = r["tokens_per_s"] / baseline["tokens_per_s"]
-            r["same_texts_as_baseline"] = r["texts"][:len(base_jobs)] == baseline["texts"]
+            k = min(len(jobs), len(base_jobs))  # the first jobs are the baseline's jobs
+            r["same_texts_as_baseline"] = r["texts"][:k] == baseline["texts"][:k]
             rows.append(r)
     finally:
         if server is not None:

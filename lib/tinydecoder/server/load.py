@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,7 +93,13 @@ def run_clients(url: str, model: str, jobs, concurrency: int = 1, *, chat: bool 
     Timeline per job, in job order."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
-    return asyncio.run(_run(url, model, list(jobs), int(concurrency), chat, timeout, extra))
+    run = lambda: asyncio.run(_run(url, model, list(jobs), int(concurrency), chat, timeout, extra))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run()
+    with ThreadPoolExecutor(1) as pool:  # inside Jupyter an event loop already runs on this thread
+        return pool.submit(run).result()
 
 
 def summarize(timelines) -> dict:
@@ -108,3 +115,22 @@ def summarize(timelines) -> dict:
             "tokens_per_s": tokens / wall if wall > 0 else None,
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
             "tpot_p50_s": pct(tpot, 50), "tpot_p99_s": pct(tpot, 99)}
+
+
+def plot_timelines(ax, timelines, *, title=None, labels=None):
+    """One row per request: a thin line from sent to finished, a thick bar from the first token
+    to the last, a dot for every streamed piece, a star at the first token (TTFT = star - start)."""
+    for row, t in enumerate(timelines):
+        y = len(timelines) - 1 - row
+        ax.plot([t.sent, t.finished], [y, y], color="0.6", lw=1, zorder=1)
+        ax.plot([t.token_times[0], t.token_times[-1]], [y, y], color="C0", lw=6, alpha=0.35, zorder=2,
+                solid_capstyle="butt")
+        ax.scatter(t.token_times, [y] * len(t.token_times), s=9, color="C0", zorder=3)
+        ax.scatter([t.sent], [y], marker="|", s=120, color="k", zorder=4)
+        ax.scatter([t.token_times[0]], [y], marker="*", s=90, color="C3", zorder=5)
+    names = labels or [f"request {t.index}" for t in timelines]
+    ax.set_yticks(range(len(timelines)), names[::-1])
+    ax.set_xlabel("seconds since the first request was sent (this machine, this run)")
+    ax.set_title(title or "each request as its client saw it: | sent, ★ first token, • pieces, end = finished")
+    ax.grid(axis="x", alpha=0.3)
+    return ax
