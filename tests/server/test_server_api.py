@@ -49,7 +49,9 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    c._server = server  # for tests that read its /metrics
+    return c
 
 
 def test_models_and_health(server, client):
@@ -87,6 +89,9 @@ def test_chat_non_streaming_and_stop_strings(client):
     r = client.completions.create(model="toy", prompt="0 1 2", max_tokens=6, temperature=0, stop=[f" {stop}"])
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].text == full[:full.index(f" {stop}")]
+    server = client._server
+    wait_for(lambda: metrics(server).get('tinydecoder_requests_total{finish_reason="stop"}', 0) >= 1)
+    assert metrics(server).get('tinydecoder_requests_total{finish_reason="cancelled"}', 0) == 0
 
 
 def test_seeded_sampling_and_processors(client):

@@ -76,6 +76,7 @@ def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_
         gen = parse_request(await read_json(request), served, chat)
         handle = submit(gen)
         rid, out = new_id(chat), TextOut(served.tokenizer, gen.stop)
+        out.finish = None  # how the client's answer ended; counted by /metrics once it is sent
         if gen.stream:
             return StreamingResponse(stream(gen, handle, rid, out), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -89,13 +90,16 @@ def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_
                     continue
                 out.feed(event.tokens)
                 finish = "stop" if out.stopped else event.finish_reason
+                if out.stopped:
+                    engine.cancel(handle, "stop")
                 if finish in ("cancelled", "error"):
                     raise ApiError(503, "the request was cancelled: the server is shutting down", kind="server_error",
                                    headers={"Retry-After": "1"})
                 if finish:
+                    out.finish = finish
                     return JSONResponse(response(gen, rid, served.name, out.text, finish, out.n_tokens))
         finally:
-            engine.cancel(handle)  # no-op when it finished
+            ended(handle, out)
 
     async def stream(gen, handle, rid, out):
         try:
@@ -105,6 +109,8 @@ def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_
                 event = await handle.events.get()
                 text = out.feed(event.tokens)
                 finish = "stop" if out.stopped else event.finish_reason
+                if out.stopped:
+                    engine.cancel(handle, "stop")
                 if finish in ("cancelled", "error"):
                     yield sse(ApiError(503, "the request was cancelled: the server is shutting down",
                                        kind="server_error").body())
@@ -118,9 +124,14 @@ def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_
                     if gen.include_usage:
                         yield sse(usage_chunk(gen, rid, served.name, out.n_tokens))
                     yield "data: [DONE]\n\n"
+                    out.finish = finish
                     return
         finally:  # also when the client went away (the task is cancelled or the generator closed)
-            engine.cancel(handle)
+            ended(handle, out)
+
+    def ended(handle, out) -> None:
+        engine.cancel(handle)  # no-op when it finished in the engine
+        engine.metrics.requests.labels(out.finish or "cancelled").inc()
 
     async def completions(request):
         return await generate(request, chat=False)

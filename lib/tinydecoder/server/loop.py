@@ -93,11 +93,12 @@ class EngineLoop:
         self._wake.set()
         return handle
 
-    def cancel(self, handle: Handle) -> None:
-        """End the request (no-op once it finished); its blocks return between steps."""
+    def cancel(self, handle: Handle, reason: str = "cancelled") -> None:
+        """End the request (no-op once it finished); its blocks return between steps. `reason`
+        goes into its last event ("cancelled": the client went away; "stop": a stop string)."""
         with self._lock:
             if not handle.done:
-                self._cancels.append(handle)
+                self._cancels.append((handle, reason))
         self._wake.set()
 
     def start(self) -> EngineLoop:
@@ -131,10 +132,10 @@ class EngineLoop:
                     h.index = self.engine.add(h.request)
                     self._live[h.index] = h
                     self.metrics.prompt_tokens.inc(len(h.request.prompt))
-                for h in cancels + (list(self._live.values()) if stopping else []):
+                for h, reason in cancels + ([(h, "cancelled") for h in self._live.values()] if stopping else []):
                     if not h.done:
                         self.engine.cancel(h.index)
-                        self._finish(h, "cancelled")
+                        self._finish(h, reason)
                 if stopping:
                     break
                 if not self.engine.busy:
@@ -186,7 +187,6 @@ class EngineLoop:
     def _finish(self, h: Handle, reason: str, tokens=()) -> None:
         h.done = True
         h.deliver(Event(list(tokens), reason))
-        self.metrics.requests.labels(reason).inc()
         self._live.pop(h.index, None)
         if h.index is not None:
             self.engine.forget(h.index)
