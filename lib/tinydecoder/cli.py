@@ -308,6 +308,26 @@ def cmd_speculative(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    """Serve a model over an OpenAI-compatible HTTP API until SIGINT/SIGTERM (tinydecoder.server)."""
+    try:
+        from .server import run_server
+    except ImportError as exc:
+        raise ValueError(f"the server needs the serve extra (pip install -e '.[serve]'): {exc}") from None
+    return run_server(args.model, host=args.host, port=args.port, api_key=args.api_key,
+                      max_batch=args.max_batch, kv_blocks=args.kv_blocks)
+
+
+def add_serve_arguments(serve) -> None:
+    serve.add_argument("--model", choices=("smollm2", "toy"), default="smollm2", help="smollm2 (default) or toy")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=_int_arg, default=8000, help="port (default 8000)")
+    serve.add_argument("--max-batch", type=_positive_int, default=16, help="most requests running at once (16)")
+    serve.add_argument("--kv-blocks", type=_positive_int, default=256, help="KV blocks in the paged pool (256)")
+    serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tinydecoder",
                                      description="tinydecoder: a small numpy decoder, toy and real.")
@@ -373,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
     from .parallel.cli import add_parallel_arguments  # --tensor-parallel N (MPI, tinydecoder.parallel)
     add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)
+    add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API "
+                                       "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"))
     return parser
 
 
