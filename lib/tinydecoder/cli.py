@@ -371,9 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "them in the manifest")
     verify.set_defaults(func=cmd_verify)
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
-    from .lessons.grading import add_grade_arguments  # issue 22: grade a class's notebooks
-
-    add_grade_arguments(sub.add_parser("grade", help="run notebooks headless and grade their `implement` exercises"))
+    from .lessons.grading import add_grade_parser  # issue 22: python -m tinydecoder grade
+    add_grade_parser(sub)
     return parser
 
 
