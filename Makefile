@@ -84,3 +84,12 @@ timings: $(STAMP)
 
 classroom-check: $(STAMP)
 	TINYDECODER_CHECK_POSTBUILD=1 $(PY) -m pytest -q -s tests/test_postbuild.py
+
+# Grading (issue 22; docs/teaching.md "How to run the class"): run every notebook under
+# SUBMISSIONS (one folder per student, or flat) headless and write one CSV row per exercise.
+.PHONY: grade
+SUBMISSIONS ?= submissions
+GRADES ?= $(SUBMISSIONS)/grades.csv
+grade: $(STAMP)
+	$(PY) -m tinydecoder grade --csv "$(GRADES)" "$(SUBMISSIONS)" || test $$? -eq 1
+	@echo "wrote $(GRADES)"

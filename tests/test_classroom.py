@@ -171,6 +171,18 @@ def test_student_copy_runs_and_prints_hints(student_copies, name):
     assert printed == "[decode rows] not answered yet. Hint: one new token goes through each layer\n"
 
 
+def test_student_copy_implement_exercises_are_not_attempted(student_copies):
+    """The `implement` exercises of 02 (softmax, causal_attention): without the solutions the
+    checker reports "not attempted" and the real-model cell skips instead of failing (issue 22)."""
+    _, _, executed = (d["02_attention_by_hand.ipynb"] for d in student_copies)
+    printed = "".join(o.get("text", "") for cell in executed.cells if cell.cell_type == "code"
+                      for o in cell.outputs)
+    assert "NOT ATTEMPTED softmax" in printed and "NOT ATTEMPTED causal_attention" in printed
+    assert "softmax is not written yet: skipping the run inside SmolLM2" in printed
+    assert "causal_attention is not written yet" in printed
+    assert "PASS " not in printed
+
+
 def test_timings_runs_a_notebook_and_reports_its_seconds(tmp_path):
     path = tmp_path / "01_tiny.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("import time; time.sleep(0.5); print('ran')")]), str(path))

@@ -1,4 +1,4 @@
-"""Command line: `python -m tinydecoder seed|generate|bench|verify ...`."""
+"""Command line: `python -m tinydecoder seed|generate|bench|verify|grade ...`."""
 from __future__ import annotations
 
 import argparse
@@ -395,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)
     add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API "
                                        "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"))
+    from .lessons.grading import add_grade_parser  # issue 22: python -m tinydecoder grade
+    add_grade_parser(sub)
     return parser
 
 

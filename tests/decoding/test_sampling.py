@@ -303,7 +303,7 @@ def test_sampler_repr_names_its_settings():
 def test_distribution_view_and_widget():
     import matplotlib.pyplot as plt
 
-    from tinydecoder.decoding.sampling import distribution_view
+    from tinydecoder.lessons.sampling_view import distribution_view
     from tinydecoder.widgets import sampling_figure, sampling_widget
 
     view = distribution_view(LOGITS, temperature=1.0, top_k=2, n_show=4)

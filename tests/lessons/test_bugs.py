@@ -92,3 +92,14 @@ def test_bad_arguments(toy):
         bugs.run_with_bug(toy, [0], 1, "typo")
     with pytest.raises(ValueError, match="max_new_tokens"):
         bugs.run_with_bug(toy, [0], 0)
+
+
+def test_seed003_decode_fed_the_last_hidden_state():
+    """Seed 003 starts the decode step from the prefill's last hidden state: the logits differ
+    from a full recompute, while the right step (the chosen token's embedding) matches it."""
+    model = td.toy_model()
+    step = bugs.decode_fed_hidden_state(model, td.SEED_PROMPT)
+    assert step["chosen"] == td.generate(model, td.SEED_PROMPT, 1).new_tokens[0]
+    np.testing.assert_allclose(step["right"], step["full"], rtol=0, atol=1e-12)
+    assert np.max(np.abs(step["seed"] - step["full"])) > 1e-2
+    assert step["right_input"].shape == step["seed_input"].shape == (1, model.config.d_model)

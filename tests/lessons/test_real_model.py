@@ -6,8 +6,8 @@ import pytest
 
 import tinydecoder as td
 from tinydecoder import widgets
-from tinydecoder.decoding.sampling import distribution_view
 from tinydecoder.lessons.real_model import MAX_PROMPT_TOKENS, last_only_savings, token_piece_labels, trace_prompt
+from tinydecoder.lessons.sampling_view import distribution_view
 
 GQA = td.Config(vocab_size=11, d_model=12, n_heads=6, n_kv_heads=2, head_dim=4, n_layers=3, d_ff=16,
                 max_context=64, position="rope", name="gqa-6-2")

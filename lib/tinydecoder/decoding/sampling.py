@@ -233,19 +233,3 @@ def make_sampler(temperature=None, top_k=None, top_p=None, seed=None) -> Sampler
     make_sampler() is greedy; make_sampler(temperature=0.8, top_k=50, top_p=0.95, seed=0)
     samples reproducibly. Bad settings raise a ValueError saying what is allowed."""
     return Sampler(temperature, top_k, top_p, seed)
-
-
-def distribution_view(logits, temperature=None, top_k=None, top_p=None, n_show: int = 15) -> dict:
-    """What the sampling widget draws: the `n_show` best tokens (by logit, ties by id) with
-    their probability at temperature 1 ("base") and under these settings ("probs"), which of
-    them a sampler can return ("kept"), and for the whole vocabulary the number of tokens kept
-    and the base mass they hold.  Arrays are [n_show]."""
-    logits = check_logits(logits)
-    probs = sampling_distribution(logits, temperature, top_k, top_p)  # [V]
-    base = probabilities(logits)  # [V], temperature 1, nothing filtered
-    ids = rank_tokens(logits)[:n_show]
-    kept_all = probs > 0
-    return {"ids": ids, "base": base[ids], "probs": probs[ids], "kept": kept_all[ids],
-            "n_kept": int(kept_all.sum()), "kept_base_mass": float(base[kept_all].sum()),
-            "greedy": is_greedy(temperature, top_k, top_p),
-            "settings": {"temperature": temperature, "top_k": top_k, "top_p": top_p}}

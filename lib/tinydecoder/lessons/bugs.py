@@ -15,8 +15,8 @@ import numpy as np
 
 from ..core.kernels import Kernels
 from ..core.model import Model
-from ..core.ops import attention
-from ..core.reference import forward
+from ..core.ops import attention, rmsnorm
+from ..core.reference import decoder_block, embed_tokens, forward
 from ..core.validate import check_token_ids
 from ..decoding.sampling import greedy
 
@@ -136,3 +136,32 @@ def diagnose(model: Model, prompt, max_new_tokens: int, bug: str, tol: float = 1
     return {"bug": bug, "tokens": run.new_tokens, "max_diff": max(diffs) if diffs else None,
             "diffs": diffs, "cache_lengths": run.cache_lengths, "expected_lengths": expected,
             "error": run.error, "caught_by": caught_by, "caught": bool(caught_by)}
+
+
+def decode_fed_hidden_state(model: Model, prompt) -> dict:
+    """Seed 003's first decode step against the right one. After the prefill the seed starts
+    layer 0 from the prefill's last hidden state (what the last block returned at the last
+    position) instead of the embedding of the token the prefill chose.
+
+    Returns "chosen" (the prefill's greedy token), the next position's logits [V] the right way
+    ("right": embed the chosen token, one cached step), the seed's way ("seed"), and by full
+    recompute of prompt + chosen ("full"), and the two layer-0 inputs [1, D] ("right_input",
+    "seed_input")."""
+    cfg = model.config
+    ids = [int(t) for t in check_token_ids(cfg, prompt)]
+    positions = np.arange(len(ids))
+    cache = model.new_cache(len(ids) + 1)
+    x = embed_tokens(model, ids, positions)  # [S, D]
+    for l, layer in enumerate(model.layers):
+        x = decoder_block(layer, x, positions, cache.layer(l))
+    last_hidden = x[-1:]  # [1, D]: the last block's output at the last position
+    chosen = greedy((rmsnorm(last_hidden, model.final_norm, cfg.norm_eps) @ model.lm_head)[-1])
+    seed_cache = cache.copy(1)
+    right = forward(model, [chosen], cache)[-1]  # the chosen token's embedding enters layer 0
+    new_position = np.array([len(ids)])
+    h = last_hidden  # the seed: the prefill's output enters layer 0 again
+    for l, layer in enumerate(model.layers):
+        h = decoder_block(layer, h, new_position, seed_cache.layer(l))
+    seed = (rmsnorm(h, model.final_norm, cfg.norm_eps) @ model.lm_head)[-1]
+    return {"chosen": chosen, "right": right, "seed": seed, "full": forward(model, ids + [chosen])[-1],
+            "right_input": embed_tokens(model, [chosen], new_position), "seed_input": last_hidden}

@@ -68,7 +68,7 @@ SAMPLING_LOG_FLOOR = 1e-6  # the bottom of the log-scale axis: smaller probabili
 
 
 def sampling_bars(view, log_scale=False, floor=SAMPLING_LOG_FLOOR):
-    """The bar heights and axis of the sampling figure for a core.sampling.distribution_view.
+    """The bar heights and axis of the sampling figure for a lessons.sampling_view.distribution_view.
 
     Linear: the probabilities, axis 0..1.02. Log scale: the probabilities clipped up to `floor`
     (a token filtered out, probability 0, sits on the floor), axis floor..1.5 on a log10 scale,
@@ -119,7 +119,7 @@ def sampling_widget(logits, labels, n_show=15, log_scale=False):
     kept set and the probabilities of the best `n_show` tokens; checkbox "log scale" shows the
     small probabilities of the tail. labels: a sequence (labels[id]) or a function (labels(id))
     giving a token's text."""
-    from ..decoding.sampling import distribution_view
+    from ..lessons.sampling_view import distribution_view
 
     temperature = W.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
                                 continuous_update=False, style=STYLE)
