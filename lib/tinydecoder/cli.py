@@ -256,6 +256,12 @@ def cmd_speculative(args) -> int:
 
     if args.no_cache:
         raise ValueError("--speculative verifies guesses against the KV cache: drop --no-cache")
+    ignored = [flag for flag, given in (("--beams", args.beams is not None), ("--min-p", args.min_p is not None),
+                                        ("--repetition-penalty", args.repetition_penalty is not None),
+                                        ("--stop", bool(args.stop))) if given]
+    if ignored:
+        raise ValueError(f"--speculative does not apply {', '.join(ignored)} (its verification keeps the model's own "
+                         "distribution): drop " + ("it" if len(ignored) == 1 else "them"))
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.model == "toy":
         from .core.toy import toy_model
@@ -365,8 +371,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def keep_freed_memory_for(args) -> None:
+    """bench and generate on SmolLM2 opt in to glibc keeping freed memory (a long prefill's
+    temporaries are then not page-faulted back in every layer), and say so on stderr."""
+    if args.command in ("bench", "generate") and getattr(args, "model", None) == "smollm2":
+        from .serving.machine import keep_freed_memory
+
+        if keep_freed_memory():
+            print("tinydecoder: malloc keeps freed memory for reuse (this process only; see serving.machine."
+                  "keep_freed_memory)", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    keep_freed_memory_for(args)
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as exc:
