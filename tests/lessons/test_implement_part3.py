@@ -279,7 +279,7 @@ def test_19_replay_refuses_a_plan_that_cannot_run():
 
 
 def test_checker_output_never_shows_the_expected_plan():
-    from tinydecoder.lessons.implement import check_implementation
+    from tinydecoder.lessons.exercises import check_implementation
 
     buf = io.StringIO()
     with redirect_stdout(buf):
