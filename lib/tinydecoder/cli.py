@@ -70,7 +70,10 @@ def cmd_bench(args) -> int:
     from .serving.bench import format_report, run_bench
 
     result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path)
+    result["malloc_keeps_freed_memory"] = args.malloc_kept
     print(json.dumps(result, indent=2) if args.json else format_report(result))
+    if args.malloc_kept and not args.json:
+        print(MALLOC_NOTE)
     return 0
 
 
@@ -166,7 +169,7 @@ def cmd_generate(args) -> int:
                                use_cache=not args.no_cache, on_text=show if stream else None,
                                processors=processors, stop=args.stop, **sampling)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(result.to_dict() | {"malloc_keeps_freed_memory": args.malloc_kept}, indent=2))
     else:
         print()
     return 0
@@ -371,20 +374,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def keep_freed_memory_for(args) -> None:
+MALLOC_NOTE = "malloc keeps freed memory for reuse (this process only; serving.machine.keep_freed_memory)"
+
+
+def keep_freed_memory_for(args) -> bool:
     """bench and generate on SmolLM2 opt in to glibc keeping freed memory (a long prefill's
-    temporaries are then not page-faulted back in every layer), and say so on stderr."""
+    temporaries are then not page-faulted back in every layer); their output says so (bench's
+    report, and `malloc_keeps_freed_memory` in --json). True if it was set."""
     if args.command in ("bench", "generate") and getattr(args, "model", None) == "smollm2":
         from .serving.machine import keep_freed_memory
 
-        if keep_freed_memory():
-            print("tinydecoder: malloc keeps freed memory for reuse (this process only; see serving.machine."
-                  "keep_freed_memory)", file=sys.stderr)
+        return keep_freed_memory()
+    return False
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    keep_freed_memory_for(args)
+    args.malloc_kept = keep_freed_memory_for(args)
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as exc:

@@ -29,6 +29,9 @@ def test_forward_with_positions_of_the_wrong_length(toy):
         td.forward(toy, [0, 1], positions=[0, 1, 2])
     with pytest.raises(TypeError, match="positions must be a flat sequence of integers"):
         td.forward(toy, [0, 1], positions=[0.5, 1.5])
+    limit = toy.config.max_context  # the toy model has a position table of max_context rows
+    with pytest.raises(ValueError, match=f"position {limit} is out of range: positions must be in 0..{limit - 1}"):
+        td.forward(toy, [0, 1], positions=[0, limit])
 
 
 def test_sequence_logprob_of_a_negative_token(toy):

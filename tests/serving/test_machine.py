@@ -2,17 +2,17 @@
 import pytest
 
 
-def test_only_bench_and_generate_on_smollm2_change_the_allocator(monkeypatch, capsys):
+def test_only_bench_and_generate_on_smollm2_change_the_allocator(monkeypatch):
     from tinydecoder import cli
     from tinydecoder.serving import machine
 
     calls = []
     monkeypatch.setattr(machine, "keep_freed_memory", lambda: calls.append(1) or True)
-    cli.keep_freed_memory_for(cli.build_parser().parse_args(["generate", "--model", "toy", "--prompt", "0"]))
-    cli.keep_freed_memory_for(cli.build_parser().parse_args(["seed"]))
-    assert calls == [] and capsys.readouterr().err == ""
-    cli.keep_freed_memory_for(cli.build_parser().parse_args(["bench", "--model", "smollm2"]))
-    assert calls == [1] and "malloc keeps freed memory" in capsys.readouterr().err
+    assert not cli.keep_freed_memory_for(cli.build_parser().parse_args(["generate", "--model", "toy", "--prompt", "0"]))
+    assert not cli.keep_freed_memory_for(cli.build_parser().parse_args(["seed"]))
+    assert calls == []
+    assert cli.keep_freed_memory_for(cli.build_parser().parse_args(["bench", "--model", "smollm2"]))
+    assert calls == [1]
 
 
 @pytest.mark.smollm2

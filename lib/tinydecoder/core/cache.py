@@ -136,7 +136,7 @@ class KVCache(HeldBytes):
             raise ValueError(f"cannot truncate a cache of {len(self)} positions to {length}")
         self.lengths = [length] * self.config.n_layers
 
-    def copy(self, extra: int = 0) -> "KVCache":
+    def copy(self, extra: int = 0) -> KVCache:
         """An independent copy, with room for `extra` more positions before it must grow."""
         other = KVCache(self.config, self.dtype, capacity=max(1, len(self) + extra))
         for layer in range(self.config.n_layers):

@@ -18,8 +18,8 @@ is the library's own arithmetic, proven equal to the reference by tests.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from . import ops
 

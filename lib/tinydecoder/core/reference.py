@@ -76,7 +76,10 @@ def forward(model: Model, token_ids, cache=None, *, last_only: bool = False, tra
     ids = check_token_ids(cfg, token_ids)
     cache = model.new_cache(len(ids)) if cache is None else check_cache(cache, cfg, model.dtype)
     check_context(cfg, len(cache), len(ids))
-    positions = np.arange(len(cache), len(cache) + len(ids)) if positions is None else check_positions(positions, len(ids))
+    if positions is None:
+        positions = np.arange(len(cache), len(cache) + len(ids))  # [S]
+    else:  # a position table has max_context rows; RoPE turns any position
+        positions = check_positions(positions, len(ids), cfg.max_context if cfg.position == "table" else None)
     if not isinstance(kernels, Kernels):
         raise TypeError(f"kernels must be a tinydecoder Kernels, got {type(kernels).__name__}")
     x = embed_tokens(model, ids, positions)  # [S, D]

@@ -102,15 +102,16 @@ def check_context(config, past: int, new: int, max_new_tokens: int = 0) -> int:
     return needed
 
 
-def check_positions(positions, n: int) -> np.ndarray:
-    """Positions of n new tokens: n non-negative integers.  -> [n] int64"""
+def check_positions(positions, n: int, limit: int | None = None) -> np.ndarray:
+    """Positions of n new tokens: n integers in 0..limit-1 (any >= 0 without a limit).  -> [n] int64"""
     arr = np.asarray(positions)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise TypeError(f"positions must be a flat sequence of integers, got {arr.dtype} of shape {arr.shape}")
     if len(arr) != n:
         raise ValueError(f"positions has {len(arr)} entries, but {n} tokens were given: one position per token")
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"positions must be >= 0, got {int(arr.min())}")
+    if arr.size and (arr.min() < 0 or (limit is not None and arr.max() >= limit)):
+        bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
+        raise ValueError(f"position {bad} is out of range: positions must be in 0..{'' if limit is None else limit - 1}")
     return arr.astype(np.int64, copy=False)
 
 

@@ -73,7 +73,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     round (full recompute: the same numbers, far more work). A cache passed in may already hold a prefix of the
     prompt; only the rest is prefilled. `sampler(logits) -> id` picks each token (greedy by
     default); generation stops after a token in `stop_tokens`; `on_token(id)` streams.
-    `processors` (see tinydecoder.processors) rewrite the last logits, given the tokens so far,
+    `processors` (see tinydecoder.decoding.processors) rewrite the last logits, given the tokens so far,
     before the sampler sees them; a stopping rule among them (`is_done`) can end generation.
     Every round's Event keeps its logits ([V] floats: 196 KB a step for SmolLM2, 373 MB over
     1,900 steps); keep_logits=False keeps None instead, so a long run's memory stays the

@@ -203,7 +203,7 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
     """Generate up to `max_new_tokens` after `prompt` with a draft checked by `model`.
 
     draft: "prompt-lookup", "early-exit:L", a Model of the same vocabulary, or a draft object
-    (see tinydecoder.drafts). draft_tokens: k, the most guesses per pass (fewer near the end, so
+    (see tinydecoder.decoding.drafts). draft_tokens: k, the most guesses per pass (fewer near the end, so
     that no pass yields more than max_new_tokens). Greedy by default (the same tokens as
     `generate`); sampler= a sampling.Sampler, or temperature/top_k/top_p/seed, samples with the
     speculative rule. Stops after a token in `stop_tokens`; `on_token(id)` streams each token,
