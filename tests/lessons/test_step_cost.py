@@ -1,6 +1,5 @@
 """lessons.step_cost: pricing a schedule's steps from measured step costs (synthetic costs here;
 no speed is asserted)."""
-import numpy as np
 import pytest
 
 import tinydecoder as td

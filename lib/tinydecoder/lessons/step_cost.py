@@ -32,7 +32,7 @@ def measure_step_seconds(model, rows=(1, 2, 4, 8), context: int = 32, repeat: in
         caches = fast.BatchKVCache.stack([cache_copy(base) for _ in range(n)], extra=1)
         batch = [bench_tokens(model, 1, seed=3 + s) for s in range(n)]
 
-        def step():
+        def step(batch=batch, caches=caches):
             fast.forward_batch(model, batch, caches, last_only=True)
             caches.truncate(context)  # undo, so every timed step sees the same context
 

@@ -127,7 +127,7 @@ def _random(cls):
     import numpy as np
 
     rng = np.random.default_rng(17)
-    for trial in range(20):
+    for _ in range(20):
         n_blocks, block_size = int(rng.integers(4, 16)), int(rng.integers(1, 6))
         mine, ref = _both(cls, n_blocks, block_size)
         lengths, next_name = {}, 0
