@@ -228,8 +228,10 @@ def test_bad_requests_are_clear_errors():
         Request([0, 1], 0)
     with pytest.raises(ValueError, match="arrival must be an integer >= 0"):
         Request([0, 1], 2, -1)
-    with pytest.raises(ValueError, match="prompt is empty"):
+    with pytest.raises(ValueError, match="empty prompt"):
         Request([], 2)
+    with pytest.raises(TypeError, match="token ids must be integers"):
+        Request([0.5, 1.7], 2)
     with pytest.raises(ValueError, match="out of range"):
         run_schedule(TOY, [Request([0, 7], 2)])
     with pytest.raises(ValueError, match="context limit"):
