@@ -96,6 +96,22 @@ def _decoding_processors(args) -> list:
         ([MinP(args.min_p)] if args.min_p is not None else [])
 
 
+def _grammar_processors(args) -> list:
+    """The grammar --json-schema FILE or --regex PATTERN asks for (decoding.grammar), if any."""
+    if args.json_schema is None and args.regex is None:
+        return []
+    if args.json_schema is not None and args.regex is not None:
+        raise ValueError("--json-schema and --regex each constrain the whole output: give one of them")
+    if args.model == "toy":
+        raise ValueError(f"{'--regex' if args.regex else '--json-schema'} needs a tokenizer: use --model smollm2")
+    from .checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, smollm2_tokenizer
+    from .decoding.grammar import JsonSchema, Regex, load_schema
+
+    tok, ends = smollm2_tokenizer(), (IM_END_ID, ENDOFTEXT_ID)
+    return [Regex(args.regex, tok, end_tokens=ends) if args.regex is not None else
+            JsonSchema(load_schema(args.json_schema, "--json-schema"), tok, end_tokens=ends)]
+
+
 def cmd_beams(args, processors) -> int:
     """--beams N: beam search; prints the best beam (with --json: every beam and its log-prob)."""
     from .decoding.beam import beam_search
@@ -133,7 +149,7 @@ def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (SmolLM2 text, or toy-model token ids)."""
     from .checkpoint.smollm2 import TextGeneration, generate_text, timed_generate
 
-    processors = _decoding_processors(args)
+    processors = _decoding_processors(args) + _grammar_processors(args)
     if args.beams is not None:
         return cmd_beams(args, processors)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -256,6 +272,8 @@ def cmd_speculative(args) -> int:
 
     if args.no_cache:
         raise ValueError("--speculative verifies guesses against the KV cache: drop --no-cache")
+    if args.json_schema is not None or args.regex is not None:
+        raise ValueError(f"--speculative does not apply a grammar: drop {'--regex' if args.regex else '--json-schema'}")
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.model == "toy":
         from .core.toy import toy_model
@@ -337,6 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--min-p", type=_float_arg, help="keep tokens with p >= MIN_P * p(best token) (0..1)")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop once the generated text contains TEXT (repeatable; the text is cut before it)")
+    gen.add_argument("--json-schema", metavar="FILE",
+                     help="constrain the output to JSON valid under the JSON schema in FILE (llguidance)")
+    gen.add_argument("--regex", metavar="PATTERN",
+                     help="constrain the output to text that matches PATTERN as a whole (llguidance)")
     gen.add_argument("--no-cache", action="store_true",
                      help="recompute the whole context every step instead of using a KV cache (slow)")
     gen.add_argument("--json", action="store_true",

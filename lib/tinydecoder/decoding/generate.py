@@ -75,7 +75,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     Every round's Event keeps its logits ([V] floats: 196 KB a step for SmolLM2, 373 MB over
     1,900 steps); keep_logits=False keeps None instead, so a long run's memory stays the
     weights plus the cache."""
-    from .processors import apply_processors, check_processors, should_stop
+    from .processors import apply_processors, check_processors, should_stop, start_processors
 
     processors = check_processors(processors)
     cfg = model.config
@@ -96,6 +96,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     elif cache is not None:
         raise ValueError("use_cache=False recomputes everything; do not pass a cache")
     result = Generation(tokens=tokens, prompt_length=len(tokens), cache=cache if use_cache else None)
+    start_processors(processors, tokens)
     for step in range(1, max_new_tokens + 1):
         past = len(cache) if use_cache else 0  # positions attended to
         new = tokens[tokens_fed(cache) if use_cache else 0:]
