@@ -4,7 +4,7 @@
     logits'[j] = logits[j] if allowed[j] else -inf            # end of sequence: allowed only
                                                               # when the text so far is complete
 
-The grammar engine is llguidance (Microsoft's, the one vLLM, SGLang and llama.cpp use): it
+The grammar engine is llguidance (guidance-ai's; vLLM and SGLang can use it, llama.cpp can be built with it): it
 compiles a JSON schema, a regular expression or a Lark grammar into a lexer plus an Earley
 parser, and walks the tokenizer's vocabulary as a trie of byte strings, so each mask costs
 one pass over the prefixes of the vocabulary that are still alive, not V separate checks.
