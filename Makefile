@@ -1,4 +1,4 @@
-# The two commands of the README: `make lab` and `make test`. Both use .venv, made on first use.
+# The commands of the README: `make lab`, `make test` and `make test-browser`. All use .venv, made on first use.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +13,7 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.
 # kernels are pinned only where the CPU has AVX2. `make lab` is not pinned.
 PIN_BLAS := env OPENBLAS_NUM_THREADS=2 $(if $(shell grep -qsw avx2 /proc/cpuinfo && echo y),OPENBLAS_CORETYPE=Haswell)
 
-.PHONY: lab test lint unit nbval browser notebooks venv clean
+.PHONY: lab test test-browser lint unit nbval browser notebooks venv clean test-floors test-matrix
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -28,12 +28,26 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
-# The whole suite: lint, library tests, every notebook under strict nbval, the browser check.
+# What a learner runs: lint, the library tests and every notebook under strict nbval (no browser).
 test: $(STAMP) lint
-	$(PIN_BLAS) $(PY) -m pytest -q tests $(NBVAL) $(NOTEBOOKS)
+	$(PIN_BLAS) $(PY) -m pytest -q tests -m "not browser" $(NBVAL) $(NOTEBOOKS)
+
+# Every notebook opened in JupyterLab in headless Chromium (widgets render and answer), and the
+# static site in Chromium. Needs Debian's chromium; CI runs it after `make test`.
+test-browser: test-browser
+
+# Every floor in pyproject.toml is true: a virtualenv with each direct dependency (and the test
+# extra's) at exactly its floor installs the project and passes the library tests.
+test-floors: $(STAMP)
+	$(PY) tools/floors.py --venv .venv-floors --extras test
+
+# Strict nbval under one and three BLAS threads, OpenBLAS's Sandybridge kernels and numpy without
+# its dispatched SIMD paths: stored outputs must not depend on one machine's float rounding.
+test-matrix: $(STAMP)
+	$(PY) tools/nbval_matrix.py $(NOTEBOOKS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check lib tests tools
+	$(PY) -m ruff check lib tests tools notebooks
 
 unit: $(STAMP)
 	$(PIN_BLAS) $(PY) -m pytest -q tests -m "not browser"
@@ -41,8 +55,17 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(PIN_BLAS) $(PY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
 
-browser: $(STAMP)
-	$(PIN_BLAS) $(PY) -m pytest -q tests -m browser
+browser: test-browser
+
+# Every floor in pyproject.toml is true: a virtualenv with each direct dependency (and the test
+# extra's) at exactly its floor installs the project and passes the library tests.
+test-floors: $(STAMP)
+	$(PY) tools/floors.py --venv .venv-floors --extras test
+
+# Strict nbval under one and three BLAS threads, OpenBLAS's Sandybridge kernels and numpy without
+# its dispatched SIMD paths: stored outputs must not depend on one machine's float rounding.
+test-matrix: $(STAMP)
+	$(PY) tools/nbval_matrix.py $(NOTEBOOKS)
 
 # Re-execute every notebook in place, refreshing its stored outputs (and widget state).
 # One notebook: make notebooks NOTEBOOKS=notebooks/02_attention_by_hand.ipynb

@@ -23,3 +23,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "smollm2" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M, loaded once (memory-mapped; `load_smollm2` returns the same object each call)."""
+    import contextlib
+    import io
+
+    from tinydecoder.checkpoint.smollm2 import load_smollm2
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return load_smollm2()

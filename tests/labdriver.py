@@ -138,7 +138,7 @@ class LabServer:
             path.write_text(json.dumps(values))
         return {name: str(path) for name, path in dirs.items()}
 
-    def start(self, timeout: float = 90.0) -> "LabServer":
+    def start(self, timeout: float = 90.0) -> LabServer:
         dirs = self._prepare_dirs()
         env = dict(os.environ)
         env.update(

@@ -60,7 +60,7 @@ def test_postbuild_installs_the_model_and_builds_the_cache(tmp_path):
     assert len(npy) > 100 and sum(p.stat().st_size for p in npy) > 400e6  # float32 weights
 
     probe = ("import time, tinydecoder, jupyterlab, ipywidgets; t = time.perf_counter(); "
-             "from tinydecoder.smollm2 import load_smollm2; load_smollm2(); "
+             "from tinydecoder import load_smollm2; load_smollm2(); "
              "print(tinydecoder.__file__); print(time.perf_counter() - t)")
     again = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=120)

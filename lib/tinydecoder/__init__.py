@@ -19,6 +19,7 @@ from .core.cache import KVCache
 from .core.config import Config
 from .core.fast import forward as forward_fast
 from .core.fast import forward_batch
+from .core.kernels import Kernels
 from .core.model import LayerWeights, Model
 from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
 from .core.reference import decoder_block, embed_tokens, forward, layer_input
@@ -34,7 +35,7 @@ from .decoding.sampling import greedy
 from .decoding.speculative import speculative_generate
 
 __all__ = [
-    "Config", "KVCache", "QuantizedKVCache", "SinkCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
+    "Config", "Kernels", "KVCache", "QuantizedKVCache", "SinkCache", "LayerWeights", "Model", "Trace", "Event", "Generation",
     "fast", "reference", "load_smollm2", "smollm2_tokenizer",
     "forward", "forward_each", "forward_fast", "forward_batch", "decoder_block", "embed_tokens", "layer_input",
     "generate", "greedy", "work_counts", "check_token_ids",

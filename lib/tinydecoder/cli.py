@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .cli_grammar import add_grammar_arguments, grammar_flags, grammar_processors
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -70,7 +72,10 @@ def cmd_bench(args) -> int:
     from .serving.bench import format_report, run_bench
 
     result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path)
+    result["malloc_keeps_freed_memory"] = args.malloc_kept
     print(json.dumps(result, indent=2) if args.json else format_report(result))
+    if args.malloc_kept and not args.json:
+        print(MALLOC_NOTE)
     return 0
 
 
@@ -94,22 +99,6 @@ def _decoding_processors(args) -> list:
 
     return ([RepetitionPenalty(args.repetition_penalty)] if args.repetition_penalty is not None else []) + \
         ([MinP(args.min_p)] if args.min_p is not None else [])
-
-
-def _grammar_processors(args) -> list:
-    """The grammar --json-schema FILE or --regex PATTERN asks for (decoding.grammar), if any."""
-    if args.json_schema is None and args.regex is None:
-        return []
-    if args.json_schema is not None and args.regex is not None:
-        raise ValueError("--json-schema and --regex each constrain the whole output: give one of them")
-    if args.model == "toy":
-        raise ValueError(f"{'--regex' if args.regex else '--json-schema'} needs a tokenizer: use --model smollm2")
-    from .checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, smollm2_tokenizer
-    from .decoding.grammar import JsonSchema, Regex, load_schema
-
-    tok, ends = smollm2_tokenizer(), (IM_END_ID, ENDOFTEXT_ID)
-    return [Regex(args.regex, tok, end_tokens=ends) if args.regex is not None else
-            JsonSchema(load_schema(args.json_schema, "--json-schema"), tok, end_tokens=ends)]
 
 
 def cmd_beams(args, processors) -> int:
@@ -149,7 +138,7 @@ def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (SmolLM2 text, or toy-model token ids)."""
     from .checkpoint.smollm2 import TextGeneration, generate_text, timed_generate
 
-    processors = _decoding_processors(args) + _grammar_processors(args)
+    processors = _decoding_processors(args) + grammar_processors(args)
     if args.beams is not None:
         return cmd_beams(args, processors)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -182,7 +171,7 @@ def cmd_generate(args) -> int:
                                use_cache=not args.no_cache, on_text=show if stream else None,
                                processors=processors, stop=args.stop, **sampling)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(result.to_dict() | {"malloc_keeps_freed_memory": args.malloc_kept}, indent=2))
     else:
         print()
     return 0
@@ -272,8 +261,12 @@ def cmd_speculative(args) -> int:
 
     if args.no_cache:
         raise ValueError("--speculative verifies guesses against the KV cache: drop --no-cache")
-    if args.json_schema is not None or args.regex is not None:
-        raise ValueError(f"--speculative does not apply a grammar: drop {'--regex' if args.regex else '--json-schema'}")
+    ignored = [flag for flag, given in (("--beams", args.beams is not None), ("--min-p", args.min_p is not None),
+                                        ("--repetition-penalty", args.repetition_penalty is not None),
+                                        ("--stop", bool(args.stop)), *grammar_flags(args)) if given]
+    if ignored:
+        raise ValueError(f"--speculative does not apply {', '.join(ignored)} (its verification keeps the model's own "
+                         "distribution): drop " + ("it" if len(ignored) == 1 else "them"))
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     if args.model == "toy":
         from .core.toy import toy_model
@@ -355,10 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--min-p", type=_float_arg, help="keep tokens with p >= MIN_P * p(best token) (0..1)")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop once the generated text contains TEXT (repeatable; the text is cut before it)")
-    gen.add_argument("--json-schema", metavar="FILE",
-                     help="constrain the output to JSON valid under the JSON schema in FILE (llguidance)")
-    gen.add_argument("--regex", metavar="PATTERN",
-                     help="constrain the output to text that matches PATTERN as a whole (llguidance)")
     gen.add_argument("--no-cache", action="store_true",
                      help="recompute the whole context every step instead of using a KV cache (slow)")
     gen.add_argument("--json", action="store_true",
@@ -384,11 +373,27 @@ def build_parser() -> argparse.ArgumentParser:
                              "them in the manifest")
     verify.set_defaults(func=cmd_verify)
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
+    add_grammar_arguments(gen)  # --json-schema FILE, --regex PATTERN (cli_grammar.py)
     return parser
+
+
+MALLOC_NOTE = "malloc keeps freed memory for reuse (this process only; serving.machine.keep_freed_memory)"
+
+
+def keep_freed_memory_for(args) -> bool:
+    """bench and generate on SmolLM2 opt in to glibc keeping freed memory (a long prefill's
+    temporaries are then not page-faulted back in every layer); their output says so (bench's
+    report, and `malloc_keeps_freed_memory` in --json). True if it was set."""
+    if args.command in ("bench", "generate") and getattr(args, "model", None) == "smollm2":
+        from .serving.machine import keep_freed_memory
+
+        return keep_freed_memory()
+    return False
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.malloc_kept = keep_freed_memory_for(args)
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError) as exc:

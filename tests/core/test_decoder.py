@@ -104,7 +104,7 @@ def test_work_counts_match_the_trace(toy):
         # the FLOP count is the full-rectangle matmul count, 4*Hq*S*T*d per layer (seed 000's formula)
         T = past + len(new)
         assert trace.total_flops(op="attention") == toy.config.n_layers * 4 * Hq * len(new) * T * d
-        for (layer, _), w in trace.attention_weights.items():
+        for (_layer, _), w in trace.attention_weights.items():
             assert w.shape == (Hq, len(new), T)
 
 

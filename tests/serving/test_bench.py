@@ -103,16 +103,44 @@ def test_roofline_arithmetic():
     assert predicted_seconds(trace, 4, 20.0, 50.0) == pytest.approx(2e9 / 50e9, rel=1e-12)
 
 
-def test_speed_functions_return_positive_numbers():
+def test_speed_functions_report_rates_of_the_median_timed_call(monkeypatch):
+    """With the timer replaced by known times, every rate is the work over the median time."""
+    from tinydecoder.serving import bench, machine
+
     model = toy_bench_model()
     assert model.config.max_context == 1024 and model.dtype == np.float32
-    p = prefill_speed(model, 16, repeat=1)
-    assert p["tokens_per_second"] > 0 and p["gflops"] > 0
-    d = decode_speed(model, [8, 4], steps=1)
-    assert list(d) == [4, 8] and all(v["tokens_per_second"] > 0 for v in d.values())
-    rows = batch_decode_speed(model, (1, 3), context=8, steps=1, bandwidth_gbps=10.0, peak_gflops=50.0)
+    ran = []
+
+    def known_times(fn, repeat=5, warmup=1, after=None, before=None):
+        for _ in range(3):
+            before and before()
+            fn()
+            ran.append(1)
+            after and after()
+        return [0.5, 0.1, 0.3]
+
+    monkeypatch.setattr(bench, "run_times", known_times)
+    monkeypatch.setattr(machine, "run_times", known_times)
+    flops = bench.traced(model, [bench.bench_tokens(model, 16)], [None]).total_flops()
+    p = prefill_speed(model, 16, repeat=3)
+    assert p["seconds"] == 0.3 and p["tokens_per_second"] == pytest.approx(16 / 0.3)
+    assert p["gflops"] == pytest.approx(flops / 0.3 / 1e9) and flops > 0
+    d = decode_speed(model, [8, 4], steps=3)
+    assert list(d) == [4, 8] and all(v["seconds"] == 0.3 and v["tokens_per_second"] == pytest.approx(1 / 0.3)
+                                     for v in d.values())
+    rows = batch_decode_speed(model, (1, 3), context=8, steps=3, bandwidth_gbps=10.0, peak_gflops=50.0)
     assert [r["batch"] for r in rows] == [1, 3]
-    assert all(r["tokens_per_second"] > 0 and r["predicted_tokens_per_second"] > 0 for r in rows)
+    assert [r["tokens_per_second"] for r in rows] == [pytest.approx(1 / 0.3), pytest.approx(3 / 0.3)]
+    assert rows[1]["predicted_tokens_per_second"] > rows[0]["predicted_tokens_per_second"] > 0
+    assert len(ran) >= 3 * (1 + 2 + 2)  # every timed call ran the model
+
+
+def test_speed_functions_on_the_clock():
+    model = toy_bench_model()
+    p = prefill_speed(model, 16, repeat=1)
+    assert p["tokens_per_second"] * p["seconds"] == pytest.approx(16) and p["seconds"] > 0
+    d = decode_speed(model, [8, 4], steps=1)
+    assert all(v["tokens_per_second"] * v["seconds"] == pytest.approx(1) for v in d.values())
 
 
 def test_batch_prediction_from_the_trace():

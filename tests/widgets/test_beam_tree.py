@@ -17,7 +17,7 @@ def test_layout_has_a_node_per_candidate(result):
     nodes = layout["nodes"]
     assert len(nodes) == sum(len(s) for s in result.steps) and layout["n_steps"] == len(result.steps)
     assert [(p, c) for p, c in layout["edges"]] == [(n["parent_node"], i) for i, n in enumerate(nodes)]
-    for i, n in enumerate(nodes):
+    for n in nodes:
         if n["step"] == 0:
             assert n["parent_node"] == -1
         else:

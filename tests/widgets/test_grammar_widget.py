@@ -26,7 +26,7 @@ def test_steps_of_a_constrained_toy_generation(grammar):
     assert [s["chosen"] for s in steps] == [PIECES[t] for t in gen.new_tokens]
     assert steps[0]["allowed"] == 3 and steps[0]["text"] == "" and not steps[0]["accepting"]  # a, b, ab
     assert steps[-1]["accepting"] == (gen.new_tokens[-1] == 0)
-    for s, event in zip(steps, gen.events):
+    for s in steps:
         probs = [p for _, p, _ in s["candidates"]]
         assert probs == sorted(probs, reverse=True) and len(probs) == 6
         assert np.isclose(sum(probs), 1.0)  # all six tokens of the toy vocabulary

@@ -172,7 +172,7 @@ class QuantizedStream:
         self.scale, self.zero = self.scale[:keep], self.zero[:keep]
         self.residual = rows[keep * self.group_size:].copy()
 
-    def copy(self) -> "QuantizedStream":
+    def copy(self) -> QuantizedStream:
         other = object.__new__(QuantizedStream)
         other.__dict__.update(self.__dict__)  # the arrays are never modified in place: sharing is safe
         return other
@@ -233,7 +233,7 @@ class QuantizedKVCache:
         for stream in self.k + self.v:
             stream.truncate(length)
 
-    def copy(self, extra: int = 0) -> "QuantizedKVCache":
+    def copy(self, extra: int = 0) -> QuantizedKVCache:
         """An independent copy (`extra` is accepted for KVCache's signature; nothing is preallocated)."""
         other = object.__new__(QuantizedKVCache)
         other.__dict__.update(self.__dict__)

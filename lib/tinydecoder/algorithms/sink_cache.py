@@ -155,7 +155,7 @@ def stream_forward(model, token_ids, cache: SinkCache, piece: int = 1) -> np.nda
     """Logits [N, V] for a long text fed through a bounded cache: first as many tokens as fit
     without eviction in one prefill (exact), then `piece` tokens per forward call (1 = decode,
     StreamingLLM's setting). Runs on the fast path (`fast.forward`, equal to the reference
-    `forward` with a sink cache; tests/core/test_sink_cache.py)."""
+    `forward` with a sink cache; tests/algorithms/test_sink_cache.py)."""
     if not isinstance(cache, SinkCache):
         raise TypeError(f"stream_forward needs a SinkCache, got {type(cache).__name__}")
     piece = _count(piece, "piece", 1)

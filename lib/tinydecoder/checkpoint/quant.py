@@ -8,7 +8,7 @@ A Q4_1 block holds 32 consecutive weights of a row in 20 bytes:
                  nibble and weight j + 16 in its high nibble (llama.cpp's order)
 
 and weight i = d * q_i + m. That is 20 * 8 / 32 = 5 bits per weight instead of float32's 32.
-The rule that made it is the min/max one of tinydecoder.kv_quant: m = min, d = (max - min) / 15,
+The rule that made it is the min/max one of tinydecoder.algorithms.kv_quant: m = min, d = (max - min) / 15,
 q = round((w - m) / d), so every weight is within d / 2 of the number it stands for.
 """
 from __future__ import annotations

@@ -76,7 +76,7 @@ def load_smollm2():
 
 @lru_cache(maxsize=1)
 def smollm2_tokenizer():
-    """SmolLM2's byte-level BPE tokenizer with its chat template (see tinydecoder.tokenizer)."""
+    """SmolLM2's byte-level BPE tokenizer with its chat template (see tinydecoder.checkpoint.tokenizer)."""
     from .gguf_loader import load_gguf_tokenizer
 
     tok = load_gguf_tokenizer(smollm2_path(), expected_sha256=SHA256)
@@ -136,7 +136,7 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     prompt: a string, or a list of {"role", "content"} messages (implies chat=True).
     chat=True writes the prompt with the chat template (a string becomes one user message).
     Generation stops at <|im_end|> (the end of a turn) or <|endoftext|>. Greedy unless temperature,
-    top_k or top_p is given (see tinydecoder.sampling.make_sampler; seed makes it repeatable).
+    top_k or top_p is given (see tinydecoder.decoding.sampling.make_sampler; seed makes it repeatable).
     cache: a KV cache that already holds a prefix of the prompt's tokens (see Chat).
     processors: logits processors (core.processors); stop: strings that end generation
     when the text contains one (the text is cut before it; streaming holds back what could be

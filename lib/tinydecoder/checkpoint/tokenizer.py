@@ -157,7 +157,7 @@ class Tokenizer:
         """Each id's text on its own (an incomplete UTF-8 character shows as U+FFFD)."""
         return [self.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
 
-    def stream(self, skip_special_tokens: bool = False) -> "TextStream":
+    def stream(self, skip_special_tokens: bool = False) -> TextStream:
         """An incremental decoder: feed ids one at a time, get text as soon as it is complete."""
         return TextStream(self, skip_special_tokens)
 
@@ -178,7 +178,7 @@ class Tokenizer:
         (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
     @classmethod
-    def load(cls, folder) -> "Tokenizer":
+    def load(cls, folder) -> Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         folder = Path(folder)

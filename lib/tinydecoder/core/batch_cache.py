@@ -32,7 +32,7 @@ class BatchKVCache:
         self.lengths = [0] * config.n_layers
 
     @classmethod
-    def stack(cls, caches, extra: int = 16) -> "BatchKVCache":
+    def stack(cls, caches, extra: int = 16) -> BatchKVCache:
         """One batched cache holding a copy of each per-sequence cache (all of equal length),
         with room for `extra` more positions."""
         caches = list(caches)

@@ -1,9 +1,25 @@
 """The KV cache: each layer's keys and values of every position already seen."""
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 
 from .config import Config
+from .validate import layer_index
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """What a forward pass needs of a cache (KVCache, QuantizedKVCache, SinkCache, a paged
+    sequence): its length, a check that it suits the model, and per-layer appends that return
+    the layer's keys and values for every visible position."""
+
+    def __len__(self) -> int: ...
+
+    def check(self, config: Config, dtype) -> None: ...
+
+    def append(self, layer: int, k_new, v_new): ...
 
 
 def common_length(lengths, what: str, remedy: str) -> int:
@@ -39,8 +55,9 @@ class LayerKV:
 
 def check_cache(cache, config: Config, dtype):
     """`cache` if it can serve a model (config, dtype); a clear error otherwise."""
-    if not hasattr(cache, "append") or not hasattr(cache, "check"):
-        raise TypeError(f"cache must be a KVCache (or None), got {type(cache).__name__}")
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a KV cache (a KVCache, a paged sequence, ... with __len__, check and "
+                        f"append) or None, got {type(cache).__name__}")
     cache.check(config, dtype)
     return cache
 
@@ -87,9 +104,7 @@ class KVCache(HeldBytes):
 
     def layer(self, index: int) -> LayerKV:
         """Layer `index` of this cache, for `decoder_block`."""
-        if not 0 <= index < self.config.n_layers:
-            raise ValueError(f"layer {index!r} is out of range: layers are 0..{self.config.n_layers - 1}")
-        return LayerKV(self, index, self.config)
+        return LayerKV(self, layer_index(index, self.config.n_layers), self.config)
 
     @property
     def capacity(self) -> int:
@@ -97,6 +112,7 @@ class KVCache(HeldBytes):
 
     def append(self, layer: int, k_new, v_new):
         """Store S new rows for `layer`; return that layer's K, V for all T positions (views)."""
+        layer = layer_index(layer, self.config.n_layers)
         n, start = k_new.shape[0], self.lengths[layer]
         end = start + n
         capacity = self.k[layer].shape[0]
@@ -120,7 +136,7 @@ class KVCache(HeldBytes):
             raise ValueError(f"cannot truncate a cache of {len(self)} positions to {length}")
         self.lengths = [length] * self.config.n_layers
 
-    def copy(self, extra: int = 0) -> "KVCache":
+    def copy(self, extra: int = 0) -> KVCache:
         """An independent copy, with room for `extra` more positions before it must grow."""
         other = KVCache(self.config, self.dtype, capacity=max(1, len(self) + extra))
         for layer in range(self.config.n_layers):

@@ -25,19 +25,22 @@ used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
+from . import tunables
 from .batch_cache import BatchKVCache  # noqa: F401 - forward_batch's batched cache, also fast.BatchKVCache
+from .cache import check_cache
 from .config import Config
 from .model import Model
+from .ops import rope_angles
 from .reference import embed_tokens
 from .validate import check_context, check_token_ids
 
-QUERY_BLOCK = 64  # a long prefill attends in blocks of this many queries (keys past the block skipped)
-ONE_QUERY_GEMM_FROM = 320  # a single query over at least this many keys: attend_one_query (measured crossover)
+# Thresholds measured on one machine (tunables.py records which): where a speed trick starts.
+QUERY_BLOCK = tunables.QUERY_BLOCK  # a long prefill attends in blocks of this many queries
+ONE_QUERY_GEMM_FROM = tunables.ONE_QUERY_GEMM_FROM  # a single query over this many keys: attend_one_query
 
 
 # ----------------------------------------------------------------------------- the pieces
@@ -46,10 +49,8 @@ def rope_tables(config: Config, positions, dtype):
     """cos and signed sin for every row, once per pass, shaped to broadcast against
     x.reshape(N, H, 2, d/2) ("halves") or x.reshape(N, H, d/2, 2) ("interleaved").
     -> (cos, sin), each [N, 1, 2, d/2] or [N, 1, d/2, 2]."""
-    d = config.head_dim
-    inv_freq = config.rope_base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2], as ops.rope_angles
-    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # [N, d/2]
-    cos, sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    cos, sin = rope_angles(positions, config.head_dim, config.rope_base)  # [N, d/2] each, float64
+    cos, sin = cos.astype(dtype), sin.astype(dtype)
     axis = 1 if config.rope_layout == "halves" else 2  # where the pair's two members sit
     cos2 = np.stack([cos, cos], axis=axis)[:, None]  # [N, 1, 2, d/2] or [N, 1, d/2, 2]
     sin2 = np.stack([-sin, sin], axis=axis)[:, None]  # first member gets -x2 sin, second +x1 sin
@@ -109,9 +110,7 @@ def attend_one_query(q, k, v):
     and the weights [Hq, T] times V [T, Hkv*d] give [Hq, Hkv*d], of which head j keeps its KV
     head's d columns. It multiplies Hkv times more numbers than needed (the zeros), but in two
     calls over T positions instead of 2*Hkv calls of g rows, and its row-wise softmax reads
-    contiguous rows. Measured here on SmolLM2's decode steps: faster than `attend` from ~300
-    keys on (0.3 ms a step at T = 320, 0.8 ms at 512, 1.8 ms at 1024), 0.2 ms slower at 192-256
-    (hence ONE_QUERY_GEMM_FROM)."""
+    contiguous rows. Faster than `attend` from ONE_QUERY_GEMM_FROM keys on (tunables.py)."""
     Hq, d = q.shape
     T, Hkv = k.shape[0], k.shape[1]
     heads = np.arange(Hq)
@@ -145,19 +144,16 @@ def _attend_block(q, k, v, g):
 
 
 def project(x, w, out):
-    """out = x @ w for x [M, K], w [K, N] (as stored), choosing the BLAS call by M.
-
-    Measured here (OpenBLAS, 2 threads, SmolLM2's matrices, 30 layers in a row): one row is a
-    matrix-vector product (GEMV), which streams the weights. 2 or 3 rows cost less as 2-3
-    GEMVs than as one GEMM (a layer's matrix, 1-7 MB, is still in the CPU's cache for the
-    second row). 4 to 7 rows cost ~15-30% less padded with zero rows to 8 than as they are
-    (the 8-row GEMM is the cheaper kernel call; a zero row changes no other row's result)."""
+    """out = x @ w for x [M, K], w [K, N] (as stored), choosing the BLAS call by M: one row is
+    a matrix-vector product (GEMV), which streams the weights; GEMV_ROWS rows run as that many
+    GEMVs; fewer than PAD_ROWS_TO rows are padded with zero rows to PAD_ROWS_TO (a zero row
+    changes no other row's result). Why these numbers: tunables.py."""
     M = x.shape[0]
-    if M in (2, 3):
+    if M in tunables.GEMV_ROWS:
         for i in range(M):
             np.matmul(x[i], w, out=out[i])
-    elif 4 <= M < 8:
-        padded = np.zeros((8, x.shape[1]), x.dtype)  # [8, K]
+    elif max(tunables.GEMV_ROWS) < M < tunables.PAD_ROWS_TO:
+        padded = np.zeros((tunables.PAD_ROWS_TO, x.shape[1]), x.dtype)  # [8, K]
         padded[:M] = x
         out[:] = (padded @ w)[:M]
     else:
@@ -182,8 +178,6 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
     ids = [check_token_ids(cfg, t) for t in batch]
     if not ids:
         raise ValueError("forward_batch needs at least one sequence")
-    if model.dtype == np.float32:
-        tune_allocator_once()  # keep freed temporaries instead of page-faulting them back
     if isinstance(caches, BatchKVCache):
         return _forward_stacked(model, ids, caches, last_only)
     caches = [None] * len(ids) if caches is None else list(caches)
@@ -191,11 +185,8 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
         raise ValueError(f"{len(ids)} sequences but {len(caches)} caches")
     pasts = []
     for cache, t in zip(caches, ids):  # validate everything before any cache is touched
-        if cache is not None and not all(hasattr(cache, a) for a in ("append", "check", "__len__")):
-            raise TypeError(f"cache must be a KVCache, a paged sequence or None (something with check, "
-                            f"__len__ and append), got {type(cache).__name__}")
         if cache is not None:
-            cache.check(cfg, model.dtype)
+            check_cache(cache, cfg, model.dtype)
         past = 0 if cache is None else len(cache)
         check_context(cfg, past, len(t))
         pasts.append(past)
@@ -312,32 +303,3 @@ def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
 
 
 # ----------------------------------------------------------------------------- the allocator
-
-def retain_freed_memory(trim_bytes: int = 256 << 20, mmap_bytes: int = 32 << 20) -> bool:
-    """Ask glibc's malloc to keep freed memory for reuse (True if it could: Linux with glibc).
-
-    A 500-token prefill allocates ~300 MB of short-lived numpy temporaries. By default glibc
-    returns much of it to the OS between layers and page-faults it back in the next one
-    (~78,000 page faults, a quarter of a second of system time per prefill here). This keeps
-    up to `trim_bytes` of freed heap and serves allocations below `mmap_bytes` from it.
-    It changes this process's allocator settings; `forward_batch` calls it once (see
-    `tune_allocator_once`), the first time it runs a float32 model."""
-    import ctypes
-    import ctypes.util
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(mmap_bytes))) and \
-            bool(libc.mallopt(M_TRIM_THRESHOLD, int(trim_bytes)))
-    except (OSError, AttributeError):
-        return False
-
-
-@functools.cache
-def tune_allocator_once() -> bool:
-    """`retain_freed_memory()` on the first call only (it sets process-wide malloc options)."""
-    return retain_freed_memory()

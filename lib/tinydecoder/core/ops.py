@@ -9,6 +9,8 @@ import math
 
 import numpy as np
 
+from .validate import even_head_dim, heads_per_kv
+
 
 def rmsnorm(x, weight=None, eps=1e-6):
     """x / sqrt(mean(x^2) + eps), times a learned weight when given.  x: [..., D]."""
@@ -28,11 +30,7 @@ def softmax(x, axis=-1):
 
 def silu(x):
     """x * sigmoid(x) = x / (1 + exp(-x))."""
-    e = np.exp(-x)
-    if isinstance(e, np.ndarray):  # reuse the temporary (large fresh ones cost page faults)
-        e += 1.0
-        return np.divide(x, e, out=e)
-    return x / (1.0 + e)
+    return x / (1 + np.exp(-x))
 
 
 def swiglu(x, w_gate, w_up):
@@ -53,45 +51,33 @@ def causal_mask(n_queries, n_keys, dtype=np.float32):
     return mask
 
 
-ATTENTION_BLOCK = 64  # a long prefill runs its queries in blocks of this many (see attention)
-
-
-def attention(q, k, v, return_weights=False):
-    """Causal grouped-query attention of S new queries over T visible keys.
+def attention(q, k, v, return_weights=False, softmax=softmax):
+    """Causal grouped-query attention of S new queries over T visible keys, by its definition.
 
     q: [S, Hq, d]   the new positions' queries (they are the last S of the T positions)
     k, v: [T, Hkv, d] past + new keys and values; Hq must be a multiple of Hkv
     returns out [S, Hq * d] (and the weights [Hq, S, T] when asked).
 
-    Query head h reads KV head h // (Hq // Hkv). The group of query heads that shares a KV
-    head is stacked into one matrix, so each KV head costs one BLAS matmul for QK^T and one
-    for PV, with no copy of K or V.
+        K, V = repeat_kv(k), repeat_kv(v)          query head h reads KV head h // (Hq / Hkv)
+        scores = q K^T / sqrt(d) + mask            mask: -inf where a key is in the query's future
+        out = softmax(scores) V                    per head; heads side by side
 
-    More than ATTENTION_BLOCK queries (a long prefill) run block by block, each block against
-    only the keys its last query may see: the same result (masked keys get weight exactly 0
-    either way; sums may round differently in the last bit), without computing and then
-    masking most of the upper triangle of the S x T scores."""
+    Every score is computed and held ([Hq, S, T]); the fast path (`fast.py`) and
+    `flash_attention` get the same numbers without holding them all."""
     S, Hq, d = q.shape
     T, Hkv, _ = k.shape
-    if S > ATTENTION_BLOCK and not return_weights:
-        out = np.empty((S, Hq * d), q.dtype)
-        for a in range(0, S, ATTENTION_BLOCK):
-            b = min(a + ATTENTION_BLOCK, S)
-            visible = T - S + b  # keys 0 .. position of query b-1
-            out[a:b] = attention(q[a:b], k[:visible], v[:visible])
-        return out
-    g = Hq // Hkv
-    qg = q.reshape(S, Hkv, g, d).transpose(1, 2, 0, 3).reshape(Hkv, g * S, d)  # [Hkv, g*S, d]
-    scale = q.dtype.type(1.0 / math.sqrt(d))  # a float64 scalar here would promote everything
-    scores = (qg * scale) @ k.transpose(1, 2, 0)  # [Hkv, g*S, T]
-    scores = scores.reshape(Hkv, g, S, T)
-    if S > 1:  # mask BEFORE softmax; past keys are visible to every new query, so only the
-        scores[..., T - S:] += causal_mask(S, S, q.dtype)  # last S columns need the triangle
-    weights = softmax(scores)  # [Hkv, g, S, T]
-    out = weights.reshape(Hkv, g * S, T) @ v.transpose(1, 0, 2)  # [Hkv, g*S, d]
-    out = out.reshape(Hkv, g, S, d).transpose(2, 0, 1, 3).reshape(S, Hq * d)  # [S, Hq*d]
+    n_rep = heads_per_kv(Hq, Hkv)
+    if k.shape != v.shape or k.shape[2] != d or T < S:
+        raise ValueError(f"attention needs q [S, Hq, d] and k, v [T, Hkv, d] with T >= S; got q {q.shape}, "
+                         f"k {k.shape}, v {v.shape}")
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # [T, Hq, d]
+    scale = 1 / math.sqrt(d)
+    scores = (q * scale).transpose(1, 0, 2) @ k.transpose(1, 2, 0)  # [Hq, S, T]
+    scores = scores + causal_mask(S, T, q.dtype)  # BEFORE softmax: masked keys get weight 0
+    weights = softmax(scores)  # [Hq, S, T]
+    out = (weights @ v.transpose(1, 0, 2)).transpose(1, 0, 2).reshape(S, Hq * d)  # [S, Hq*d]
     if return_weights:
-        return out, weights.reshape(Hq, S, T)
+        return out, weights
     return out
 
 
@@ -115,6 +101,9 @@ def apply_rope(x, positions, base=10000.0, layout="halves"):
     layout "halves" pairs (x[i], x[i + d/2]) (Hugging Face); "interleaved" pairs
     (x[2i], x[2i+1]) (llama.cpp, Meta). A checkpoint's Q/K rows are laid out for one of them."""
     S, H, d = x.shape
+    even_head_dim(d)
+    if len(positions) != S:
+        raise ValueError(f"apply_rope got {len(positions)} positions for {S} rows: one position per row")
     cos, sin = rope_angles(positions, d, base)
     cos = cos.astype(x.dtype)[:, None, :]  # [S, 1, d/2]
     sin = sin.astype(x.dtype)[:, None, :]

@@ -17,10 +17,11 @@ from __future__ import annotations
 import numpy as np
 
 from .cache import LayerKV, check_cache
+from .kernels import LIBRARY, Kernels
 from .model import LayerWeights, Model
-from .ops import apply_rope, attention, rmsnorm, silu, swiglu
+from .ops import attention, rmsnorm, silu, swiglu
 from .trace import Trace
-from .validate import check_context, check_token_ids, layer_index
+from .validate import check_context, check_positions, check_token_ids, layer_index
 
 
 def embed_tokens(model: Model, ids, positions) -> np.ndarray:
@@ -32,15 +33,16 @@ def embed_tokens(model: Model, ids, positions) -> np.ndarray:
     return x
 
 
-def decoder_block(layer: LayerWeights, x, positions, kv: LayerKV, *, last_only=False, attend=attention,
+def decoder_block(layer: LayerWeights, x, positions, kv: LayerKV, *, last_only=False, kernels: Kernels = LIBRARY,
                   trace=None, record=None):
     """One pre-norm block for one sequence.  x [S, D] -> [S, D] ([1, D] with last_only).
 
     `kv` is one layer of a cache (`cache.layer(l)`): the new keys and values are appended to
     it and attention reads all of them. last_only: only the last row goes on past attention
     (its query, attention, output projection and FFN); keys and values are made for all rows.
-    `attend(q, K, V)` is attention itself (the lessons swap in broken ones); `trace` (a Trace)
-    and `record` (a dict, filled with every intermediate) are for looking inside."""
+    `kernels` supplies softmax, attention and RoPE (a learner's own, or the lessons' broken
+    ones); `trace` (a Trace) and `record` (a dict, filled with every intermediate) are for
+    looking inside."""
     cfg = kv.config
     Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     h = rmsnorm(x, layer.attn_norm, cfg.norm_eps)  # [S, D]
@@ -49,10 +51,10 @@ def decoder_block(layer: LayerWeights, x, positions, kv: LayerKV, *, last_only=F
     k = (h @ layer.wk).reshape(-1, Hkv, d)  # [S, Hkv, d]
     v = (h @ layer.wv).reshape(-1, Hkv, d)  # [S, Hkv, d]
     if cfg.position == "rope":
-        q = apply_rope(q, positions[-len(q):], cfg.rope_base, cfg.rope_layout)
-        k = apply_rope(k, positions, cfg.rope_base, cfg.rope_layout)  # cached after rotation
+        q = kernels.rotate(q, positions[-len(q):], cfg.rope_base, cfg.rope_layout)
+        k = kernels.rotate(k, positions, cfg.rope_base, cfg.rope_layout)  # cached after rotation
     k_all, v_all = kv.append(k, v)  # [T, Hkv, d]: the past and these rows
-    out = attend(q, k_all, v_all)  # [Sq, Hq*d]
+    out = kernels.attend(q, k_all, v_all).reshape(len(q), Hq * d)  # [Sq, Hq*d]: heads side by side
     x1 = (x[-1:] if last_only else x) + out @ layer.wo  # [Sq, D]
     z = rmsnorm(x1, layer.ffn_norm, cfg.norm_eps)
     x2 = x1 + swiglu(z, layer.w_gate, layer.w_up) @ layer.w_down  # [Sq, D]
@@ -62,25 +64,30 @@ def decoder_block(layer: LayerWeights, x, positions, kv: LayerKV, *, last_only=F
 
 
 def forward(model: Model, token_ids, cache=None, *, last_only: bool = False, trace: Trace | None = None,
-            positions=None, attend=attention) -> np.ndarray:
+            positions=None, kernels: Kernels = LIBRARY) -> np.ndarray:
     """Logits [S, V] for S new tokens; with a cache, attend to its past and append the new K/V.
 
     last_only=True returns only the last position's logits [1, V], and the last layer
     computes queries, attention and FFN for that position alone (its K/V still for all).
     `positions` of the new tokens default to right after the cache (anything else is a
-    position bug, which the lessons show); `attend` replaces attention (the lessons' bugs)."""
+    position bug, which the lessons show); `kernels` replaces softmax, attention or RoPE (a
+    learner's own functions, or the lessons' broken ones)."""
     cfg = model.config
     ids = check_token_ids(cfg, token_ids)
     cache = model.new_cache(len(ids)) if cache is None else check_cache(cache, cfg, model.dtype)
     check_context(cfg, len(cache), len(ids))
     if positions is None:
         positions = np.arange(len(cache), len(cache) + len(ids))  # [S]
+    else:  # a position table has max_context rows; RoPE turns any position
+        positions = check_positions(positions, len(ids), cfg.max_context if cfg.position == "table" else None)
+    if not isinstance(kernels, Kernels):
+        raise TypeError(f"kernels must be a tinydecoder Kernels, got {type(kernels).__name__}")
     x = embed_tokens(model, ids, positions)  # [S, D]
     if trace is not None:
         trace.record(None, "embed", [(len(ids),)], x.shape)
     for l, layer in enumerate(model.layers):
         last = last_only and l == cfg.n_layers - 1  # earlier layers' rows feed later K/V
-        x = decoder_block(layer, x, positions, LayerKV(cache, l, cfg), last_only=last, attend=attend,
+        x = decoder_block(layer, x, positions, LayerKV(cache, l, cfg), last_only=last, kernels=kernels,
                           trace=trace)
     h = rmsnorm(x, model.final_norm, cfg.norm_eps)
     logits = h @ model.lm_head  # [S, V]

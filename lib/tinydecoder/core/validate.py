@@ -63,7 +63,8 @@ def even_head_dim(value) -> int:
 
 
 def check_token_ids(config, token_ids) -> np.ndarray:
-    """Validate a sequence of token ids; return it as a 1-D int64 array."""
+    """Validate a sequence of token ids (in the model's vocabulary, unless config is None);
+    return it as a 1-D int64 array."""
     if isinstance(token_ids, (str, bytes)):
         raise TypeError("token ids must be a sequence of integers, got text; encode it with a tokenizer first")
     arr = np.asarray(token_ids)
@@ -76,6 +77,10 @@ def check_token_ids(config, token_ids) -> np.ndarray:
     if arr.dtype.kind not in "iu":
         bad = next((t for t in arr.tolist() if not is_int(t)), arr[0])
         raise TypeError(f"token ids must be integers, got {bad!r} ({type(bad).__name__})")
+    if config is None:
+        if arr.size and arr.min() < 0:
+            raise ValueError(f"token id {int(arr.min())} is negative: ids are integers >= 0")
+        return arr.astype(np.int64, copy=False)
     out_of_range = np.flatnonzero((arr < 0) | (arr >= config.vocab_size))
     if out_of_range.size:
         i = int(out_of_range[0])
@@ -84,7 +89,35 @@ def check_token_ids(config, token_ids) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def check_context(config, past: int, new: int) -> None:
-    if past + new > config.max_context:
-        raise ValueError(f"context too long: {past} cached + {new} new = {past + new} positions, "
+def check_context(config, past: int, new: int, max_new_tokens: int = 0) -> int:
+    """The positions a call needs: `past` cached + `new` fed now, plus, when generating
+    `max_new_tokens`, all but the last of them (the last chosen token is never fed back).
+    A ValueError when that passes the model's context limit.  -> positions needed"""
+    needed = past + new + max(max_new_tokens - 1, 0)
+    if needed > config.max_context:
+        what = (f"a {new}-token prompt plus {max_new_tokens} new tokens needs" if max_new_tokens else
+                f"{past} cached + {new} new =")
+        raise ValueError(f"context too long: {what} {needed} positions, "
                          f"but this model's context limit is {config.max_context}")
+    return needed
+
+
+def check_positions(positions, n: int, limit: int | None = None) -> np.ndarray:
+    """Positions of n new tokens: n integers in 0..limit-1 (any >= 0 without a limit).  -> [n] int64"""
+    arr = np.asarray(positions)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise TypeError(f"positions must be a flat sequence of integers, got {arr.dtype} of shape {arr.shape}")
+    if len(arr) != n:
+        raise ValueError(f"positions has {len(arr)} entries, but {n} tokens were given: one position per token")
+    if arr.size and (arr.min() < 0 or (limit is not None and arr.max() >= limit)):
+        bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
+        raise ValueError(f"position {bad} is out of range: positions must be in 0..{'' if limit is None else limit - 1}")
+    return arr.astype(np.int64, copy=False)
+
+
+def heads_per_kv(n_heads: int, n_kv_heads: int) -> int:
+    """How many query heads share one KV head; a ValueError unless n_kv_heads divides n_heads."""
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} query heads cannot share {n_kv_heads} KV heads: the number of query heads "
+                         "must be a multiple of the number of KV heads")
+    return n_heads // n_kv_heads

@@ -25,7 +25,7 @@ import numpy as np
 from ..core.fast import forward_batch
 from ..core.model import Model
 from ..core.reference import forward
-from ..core.validate import check_token_ids
+from ..core.validate import check_context, check_token_ids
 from .processors import apply_processors, check_processors, should_stop, start_processors
 from .sampling import best_tokens
 
@@ -93,7 +93,7 @@ def beam_search(model: Model, prompt, beams: int, max_new_tokens: int, length_pe
                 stop_tokens=(), *, use_cache: bool = True, processors=()) -> BeamSearchResult:
     """The `beams` best continuations of `prompt` (at most `max_new_tokens` tokens), best first.
 
-    use_cache=False recomputes every beam's whole context each step (the reference path).
+    use_cache=False recomputes every beam's whole context each step (full recompute, same numbers).
     `processors` rewrite each beam's logits before its log-probabilities are taken; a candidate
     that a stopping rule among them (e.g. StopSequences) declares done finishes like a stop token.
     result.steps[t] lists the candidates of step t, best first, as dicts: parent (index of the
@@ -104,10 +104,7 @@ def beam_search(model: Model, prompt, beams: int, max_new_tokens: int, length_pe
     stop = _check_args(beams, max_new_tokens, length_penalty, stop_tokens)
     processors = check_processors(processors)
     prompt = [int(t) for t in check_token_ids(cfg, prompt)]
-    needed = len(prompt) + max_new_tokens - 1
-    if needed > cfg.max_context:
-        raise ValueError(f"context too long: a {len(prompt)}-token prompt plus {max_new_tokens} new tokens "
-                         f"needs {needed} positions, but this model's context limit is {cfg.max_context}")
+    needed = check_context(cfg, 0, len(prompt), max_new_tokens)  # positions the cache must hold
     live = [([], 0.0)]  # (new tokens, summed log-prob); one beam to start, so no duplicates
     caches = [model.new_cache(capacity=needed)] if use_cache else None
     finished, steps, calls = [], [], 0
@@ -165,9 +162,9 @@ def sequence_logprob(model: Model, prompt, continuation) -> float:
     """log p(continuation | prompt) under the model: one forward over prompt + continuation,
     summing each continuation token's log-probability at the position before it."""
     prompt = [int(t) for t in check_token_ids(model.config, prompt)]
-    continuation = [int(t) for t in continuation]
-    if not continuation:
+    if len(continuation) == 0:
         return 0.0
+    continuation = [int(t) for t in check_token_ids(model.config, continuation)]
     logits = forward(model, prompt + continuation[:-1])[len(prompt) - 1:]  # [n, V]
     logp = log_softmax(logits)
     return float(logp[np.arange(len(continuation)), continuation].sum())

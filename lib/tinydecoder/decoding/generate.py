@@ -1,15 +1,17 @@
 """The generation loop: prefill once, then feed only the newly chosen token each step
-(on the fast path, `fast.forward`)."""
+(on the fast path, `fast.forward`; on the reference path, `reference.forward`, when kernels
+are given)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core import fast
+from ..core import fast, reference
 from ..core.config import Config
+from ..core.kernels import Kernels
 from ..core.model import Model
-from ..core.validate import check_token_ids
+from ..core.validate import check_context, check_token_ids
 from ..core.validate import max_new_tokens as check_max_new_tokens
 from .sampling import greedy
 
@@ -62,29 +64,30 @@ def tokens_fed(cache) -> int:
 
 
 def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_cache: bool = True,
-             cache=None, stop_tokens=(), on_token=None, processors=(), keep_logits: bool = True) -> Generation:
+             cache=None, stop_tokens=(), on_token=None, processors=(), keep_logits: bool = True,
+             kernels: Kernels | None = None) -> Generation:
     """Generate up to `max_new_tokens` tokens after `prompt`.
 
     use_cache=True: round 1 prefills the prompt into a KV cache, every later round feeds only
     the token chosen in the round before. use_cache=False recomputes the whole context every
-    round (the slow reference path). A cache passed in may already hold a prefix of the
+    round (full recompute: the same numbers, far more work). A cache passed in may already hold a prefix of the
     prompt; only the rest is prefilled. `sampler(logits) -> id` picks each token (greedy by
     default); generation stops after a token in `stop_tokens`; `on_token(id)` streams.
-    `processors` (see tinydecoder.processors) rewrite the last logits, given the tokens so far,
+    `processors` (see tinydecoder.decoding.processors) rewrite the last logits, given the tokens so far,
     before the sampler sees them; a stopping rule among them (`is_done`) can end generation.
     Every round's Event keeps its logits ([V] floats: 196 KB a step for SmolLM2, 373 MB over
     1,900 steps); keep_logits=False keeps None instead, so a long run's memory stays the
-    weights plus the cache."""
+    weights plus the cache. `kernels` (a `Kernels`, e.g. a learner's own attention) runs every
+    round on the reference path with those primitives instead of the fast path."""
     from .processors import apply_processors, check_processors, should_stop, start_processors
 
     processors = check_processors(processors)
+    if kernels is not None and not isinstance(kernels, Kernels):
+        raise TypeError(f"kernels must be a tinydecoder Kernels (or None for the fast path), got {type(kernels).__name__}")
     cfg = model.config
     check_max_new_tokens(max_new_tokens)
     tokens = [int(t) for t in check_token_ids(cfg, prompt)]
-    needed = len(tokens) + max_new_tokens - 1  # the last chosen token is never fed back
-    if needed > cfg.max_context:
-        raise ValueError(f"context too long: a {len(tokens)}-token prompt plus {max_new_tokens} new tokens "
-                         f"needs {needed} positions, but this model's context limit is {cfg.max_context}")
+    needed = check_context(cfg, 0, len(tokens), max_new_tokens)  # positions the cache must hold
     if use_cache:
         if cache is None:
             cache = model.new_cache(capacity=needed)
@@ -100,7 +103,9 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     for step in range(1, max_new_tokens + 1):
         past = len(cache) if use_cache else 0  # positions attended to
         new = tokens[tokens_fed(cache) if use_cache else 0:]
-        logits = fast.forward(model, new, cache if use_cache else None, last_only=True)[-1]  # [V]
+        context = cache if use_cache else None
+        logits = (fast.forward(model, new, context, last_only=True) if kernels is None else
+                  reference.forward(model, new, context, last_only=True, kernels=kernels))[-1]  # [V]
         rows, pairs = work_counts(cfg, past, len(new))
         result.projected_rows += rows
         result.score_pairs += pairs

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core import fast
 from ..core.model import Model
-from ..core.validate import check_token_ids
+from ..core.validate import check_context, check_token_ids
 from .drafts import make_draft
 from .sampling import Sampler, draw, greedy, is_greedy, sampling_distribution
 
@@ -203,7 +203,7 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
     """Generate up to `max_new_tokens` after `prompt` with a draft checked by `model`.
 
     draft: "prompt-lookup", "early-exit:L", a Model of the same vocabulary, or a draft object
-    (see tinydecoder.drafts). draft_tokens: k, the most guesses per pass (fewer near the end, so
+    (see tinydecoder.decoding.drafts). draft_tokens: k, the most guesses per pass (fewer near the end, so
     that no pass yields more than max_new_tokens). Greedy by default (the same tokens as
     `generate`); sampler= a sampling.Sampler, or temperature/top_k/top_p/seed, samples with the
     speculative rule. Stops after a token in `stop_tokens`; `on_token(id)` streams each token,
@@ -212,10 +212,7 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
     max_new_tokens = _check_count("max_new_tokens", max_new_tokens)
     k = _check_count("draft_tokens (k, guesses per step)", draft_tokens)
     tokens = [int(t) for t in check_token_ids(cfg, prompt)]
-    needed = len(tokens) + max_new_tokens - 1  # no pass feeds more (see `budget` below)
-    if needed > cfg.max_context:
-        raise ValueError(f"context too long: a {len(tokens)}-token prompt plus {max_new_tokens} new tokens "
-                         f"needs {needed} positions, but this model's context limit is {cfg.max_context}")
+    needed = check_context(cfg, 0, len(tokens), max_new_tokens)  # positions the cache must hold
     draft = make_draft(model, draft)
     if draft.vocab_size != cfg.vocab_size:
         raise ValueError(f"the draft {draft!r} has a vocabulary of {draft.vocab_size} tokens but the target has "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.kernels import Kernels
 from ..core.model import Model
 from ..core.ops import attention
 from ..core.reference import forward
@@ -55,7 +56,8 @@ def forward_with(model: Model, token_ids, cache, *, start=None, attend=attention
     past = len(cache)
     n = len(check_token_ids(model.config, token_ids))
     start = past if start is None else int(start)
-    return forward(model, token_ids, cache, positions=np.arange(start, start + n), attend=attend)
+    kernels = Kernels(attention=lambda q, k, v: attend(q, k, v).reshape(q.shape))  # heads apart: [S, Hq, d]
+    return forward(model, token_ids, cache, positions=np.arange(start, start + n), kernels=kernels)
 
 
 @dataclass

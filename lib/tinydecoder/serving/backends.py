@@ -93,7 +93,7 @@ class ContiguousKV:
 
 
 class PagedKV:
-    """`tinydecoder.scheduler` backend over a PagedKVPool: blocks on demand, prefix reuse.
+    """`tinydecoder.serving.scheduler` backend over a PagedKVPool: blocks on demand, prefix reuse.
 
     Admission is conservative so that a running request never finds the pool empty (this
     engine does not preempt): a request is admitted when the free blocks, minus the blocks

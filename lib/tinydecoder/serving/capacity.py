@@ -10,7 +10,7 @@ Every new position stores one key and one value vector per KV head in every laye
 It is the KV head count that matters, not the query head count: with grouped-query attention
 (Hkv < Hq) the cache is Hq / Hkv times smaller than a naive Hq product says.
 
-    from tinydecoder.capacity import kv_spec, KNOWN_CONFIGS
+    from tinydecoder.serving.capacity import kv_spec, KNOWN_CONFIGS
     spec = kv_spec(KNOWN_CONFIGS["Llama-2-7B"], "float16")   # a HF config.json dict, or a Config
     spec.bytes_per_token                                      # 524288 (= 512 KiB)
     spec.bytes_per_request(4096)                              # 2 GiB

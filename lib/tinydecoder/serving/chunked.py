@@ -13,7 +13,7 @@ Every query sees exactly the keys it would see in a one-shot prefill, so the log
 same for every chunk size (up to float rounding); the cache ends up the same too.
 
     from tinydecoder import toy_model
-    from tinydecoder.chunked import prefill_chunked, chunk_masks
+    from tinydecoder.serving.chunked import prefill_chunked, chunk_masks
     run = prefill_chunked(toy_model(), [0, 1, 2, 3, 4], chunk_size=2)
     run.logits.shape        # (5, 6): one row per prompt position, as fast.forward() gives
     run.spans               # [(0, 2), (2, 4), (4, 5)]

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ..core import fast
+from ..core import fast, tunables
 
 
 def attainable_gflops(intensity, bandwidth_gbps: float, peak_gflops: float):
@@ -151,3 +151,26 @@ def gemm_times(k: int, n: int, rows=(1, 2, 3, 4, 8, 16, 32), repeat: int = 5) ->
 # datasheet: dense BF16 tensor-core FLOP/s, without sparsity; HBM3 bandwidth).
 H100_SXM = {"name": "NVIDIA H100 SXM", "peak_gflops": 989e3, "bandwidth_gbps": 3.35e3,
             "source": "NVIDIA H100 Tensor Core GPU datasheet (dense BF16, HBM3)"}
+
+
+def keep_freed_memory(trim_bytes: int = tunables.TRIM_BYTES, mmap_bytes: int = tunables.MMAP_BYTES) -> bool:
+    """Ask glibc's malloc to keep freed memory for reuse (True if it could: Linux with glibc).
+
+    A long prefill allocates hundreds of MB of short-lived numpy temporaries; by default glibc
+    returns much of it to the OS between layers and page-faults it back in the next one. This
+    keeps up to `trim_bytes` of freed heap and serves allocations below `mmap_bytes` from it.
+    It changes the whole process's allocator, so nothing calls it behind your back: `bench` and
+    the command line opt in (and say so on stderr); a notebook or a library user may call it."""
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, int(mmap_bytes))) and \
+            bool(libc.mallopt(M_TRIM_THRESHOLD, int(trim_bytes)))
+    except (OSError, AttributeError):
+        return False

@@ -105,7 +105,7 @@ class PagedKVPool:
         self._next_id = 0
 
     @classmethod
-    def for_model(cls, model, n_blocks: int, block_size: int = 16, **kwargs) -> "PagedKVPool":
+    def for_model(cls, model, n_blocks: int, block_size: int = 16, **kwargs) -> PagedKVPool:
         return cls(model.config, n_blocks, block_size, model.dtype, **kwargs)
 
     # --------------------------------------------------------------------- blocks
@@ -183,7 +183,7 @@ class PagedKVPool:
         return dst
 
     # ------------------------------------------------------------------ sequences
-    def new_sequence(self, prompt=None) -> "PagedSequence":
+    def new_sequence(self, prompt=None) -> PagedSequence:
         """A new sequence. With a prompt, it starts holding the longest cached full-block prefix
         of the prompt (at most (len(prompt) - 1) // block_size blocks) and knows its tokens, so
         its own blocks are registered for later requests. Prefill `seq.pending_tokens` next."""

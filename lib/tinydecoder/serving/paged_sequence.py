@@ -135,7 +135,7 @@ class PagedSequence:
         return self.tokens[len(self):]
 
     # ------------------------------------------------------------ life cycle
-    def fork(self) -> "PagedSequence":
+    def fork(self) -> PagedSequence:
         """A second sequence with the same contents, sharing every block (no copy yet)."""
         n = len(self)
         self._check_live()

@@ -66,12 +66,10 @@ class Request:
     name: str | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "prompt", tuple(int(t) for t in np.asarray(self.prompt).ravel()))
+        object.__setattr__(self, "prompt", tuple(int(t) for t in check_token_ids(None, self.prompt)))
         for f, low in (("max_new_tokens", 1), ("arrival", 0)):
             v = getattr(self, f)
             object.__setattr__(self, f, int_at_least(f"Request.{f}", v, low))
-        if not self.prompt:
-            raise ValueError("Request.prompt is empty: at least one token id is needed")
 
     @property
     def positions_needed(self) -> int:

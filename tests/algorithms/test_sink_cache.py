@@ -111,7 +111,10 @@ def test_position_table_model_works_too():
                       d_ff=20, max_context=64)
     model = td.random_model(table, seed=2, dtype=np.float64)
     cache = SinkCache(table, sinks=1, window=4, dtype=np.float64)
-    assert stream_forward(model, IDS[:12], cache).shape == (12, 23) and len(cache) == 5
+    logits = stream_forward(model, IDS[:12], cache)
+    assert logits.shape == (12, 23) and len(cache) == 5
+    np.testing.assert_allclose(logits[:5], td.forward(model, IDS[:5]), rtol=0, atol=1e-12)  # nothing evicted yet
+    assert not np.allclose(logits[5:], td.forward(model, IDS[:12])[5:])  # and it did evict
 
 
 def test_bad_arguments_get_clear_errors(model):

@@ -91,7 +91,7 @@ def test_merging_any_split_in_any_order_equals_one_pass(S):
     q, k, v = random_qkv(S, T, 6, 3, seed=S)
     one_out, one_lse = flash_attention(q, k, v, block_size=4)
     rng = np.random.default_rng(S)
-    for trial in range(20):
+    for _ in range(20):
         n_cuts = rng.integers(1, 6)
         cuts = [0, *sorted(rng.choice(np.arange(1, T), size=n_cuts, replace=False)), T]
         parts = parts_over(q, k, v, cuts)

@@ -1,0 +1,37 @@
+"""The fast path's tunables: every constant chosen by measuring, in one table, with the machine
+it was measured on. On another CPU or BLAS library the best values may differ; the results never
+do (tests prove the fast path equal to the reference at, and away from, every threshold).
+
+MEASURED_ON names the machine; each entry says what was timed there, so that a reader who
+re-measures on their own machine knows what to compare.
+"""
+from __future__ import annotations
+
+MEASURED_ON = ("2 vCPUs of an AMD EPYC (family 26) virtual machine, numpy 2.4 with its bundled OpenBLAS "
+               "0.3.31 (Haswell kernels, 2 threads), November 2026")
+
+# A long prefill attends in blocks of this many queries, each block against only the keys its
+# last query may see: the masked upper triangle of the S x T scores is mostly never computed,
+# and a block's scores ([Hq, 64, T]) stay small. 32-128 were within noise of each other.
+QUERY_BLOCK = 64
+
+# A single query over at least this many cached keys attends with `fast.attend_one_query` (two
+# GEMMs over all KV heads at once) instead of per-KV-head batched products. SmolLM2 decode
+# steps: 0.2 ms slower at 192-256 keys, 0.3 ms faster at 320, 0.8 ms at 512, 1.8 ms at 1024.
+ONE_QUERY_GEMM_FROM = 320
+
+# `fast.project`, a weight matrix times M rows. 2-3 rows cost less as 2-3 matrix-vector
+# products (the layer's 1-7 MB matrix is still in cache for the second row) than as one GEMM;
+# 4-7 rows cost ~15-30% less padded with zero rows to 8 (OpenBLAS's 8-row kernel) than as they are.
+GEMV_ROWS = (2, 3)
+PAD_ROWS_TO = 8
+
+# `machine.keep_freed_memory` (opt-in: bench and the command line): glibc keeps up to this much
+# freed heap, and serves allocations below MMAP_BYTES from it. A 500-token SmolLM2 prefill
+# allocates ~300 MB of short-lived temporaries; without it, ~78,000 page faults (~0.25 s of
+# system time) per prefill.
+TRIM_BYTES = 256 << 20
+MMAP_BYTES = 32 << 20
+
+TABLE = {"QUERY_BLOCK": QUERY_BLOCK, "ONE_QUERY_GEMM_FROM": ONE_QUERY_GEMM_FROM, "GEMV_ROWS": GEMV_ROWS,
+         "PAD_ROWS_TO": PAD_ROWS_TO, "TRIM_BYTES": TRIM_BYTES, "MMAP_BYTES": MMAP_BYTES}
