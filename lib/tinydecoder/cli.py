@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .cli_grammar import add_grammar_arguments, grammar_flags, grammar_processors
+
 
 def _positive_int(text: str) -> int:
     try:
@@ -136,7 +138,7 @@ def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (SmolLM2 text, or toy-model token ids)."""
     from .checkpoint.smollm2 import TextGeneration, generate_text, timed_generate
 
-    processors = _decoding_processors(args)
+    processors = _decoding_processors(args) + grammar_processors(args)
     if args.beams is not None:
         return cmd_beams(args, processors)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -261,7 +263,7 @@ def cmd_speculative(args) -> int:
         raise ValueError("--speculative verifies guesses against the KV cache: drop --no-cache")
     ignored = [flag for flag, given in (("--beams", args.beams is not None), ("--min-p", args.min_p is not None),
                                         ("--repetition-penalty", args.repetition_penalty is not None),
-                                        ("--stop", bool(args.stop))) if given]
+                                        ("--stop", bool(args.stop)), *grammar_flags(args)) if given]
     if ignored:
         raise ValueError(f"--speculative does not apply {', '.join(ignored)} (its verification keeps the model's own "
                          "distribution): drop " + ("it" if len(ignored) == 1 else "them"))
@@ -391,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "them in the manifest")
     verify.set_defaults(func=cmd_verify)
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
+    add_grammar_arguments(gen)  # --json-schema FILE, --regex PATTERN (cli_grammar.py)
     from .parallel.cli import add_parallel_arguments  # --tensor-parallel N (MPI, tinydecoder.parallel)
     add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)
     add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API "
