@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..core.validate import check_token_ids, int_at_least
 
 PREFILL, DECODE = "prefill", "decode"
