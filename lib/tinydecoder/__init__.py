@@ -3,7 +3,7 @@
 Sub-packages, each importing only from those before it:
     core        the decoder itself: config, model (the weights as data), validate, ops, reference (the
                 forward pass as the math reads), fast (the same numbers, faster), caches, toy, trace
-    decoding    strategies on top of a forward pass: generate, sampling, processors, beam, speculative
+    decoding    strategies on top of a forward pass: generate, sampling, processors, beam, speculative, grammar
     algorithms  Part II's algorithms: flash attention, quantized KV cache, attention-sink cache
     checkpoint  a real model from its GGUF file: config, weights, tokenizer, SmolLM2
     serving     many requests: KV capacity, the paged cache, chunked prefill, scheduling, benchmarks
@@ -29,6 +29,7 @@ from .core.trace import Trace
 from .core.validate import check_token_ids
 from .decoding.beam import Beam, BeamSearchResult, beam_search, sequence_logprob
 from .decoding.generate import Event, Generation, generate, work_counts
+from .decoding.grammar import JsonSchema, Lark, Regex
 from .decoding.processors import FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty, StopSequences
 from .decoding.sampling import greedy
 from .decoding.speculative import speculative_generate
@@ -43,4 +44,5 @@ __all__ = [
     "rope_angles", "toy_model", "toy_config", "random_model", "SEED_PROMPT", "SEED_CONTINUATION",
     "beam_search", "speculative_generate", "Beam", "BeamSearchResult", "sequence_logprob",
     "RepetitionPenalty", "FrequencyPenalty", "PresencePenalty", "MinP", "LogitBias", "StopSequences", "MaxLength",
+    "JsonSchema", "Regex", "Lark",
 ]

@@ -8,26 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def toy_prompt(args) -> list:
-    """`--model toy`'s prompt: token ids separated by spaces (the toy has no tokenizer or chat template)."""
-    if args.chat:
-        raise ValueError("--chat needs a model with a chat template: use --model smollm2")
-    try:
-        return [int(t) for t in args.prompt.split()]
-    except ValueError:
-        raise ValueError(f"--model toy takes token ids separated by spaces (e.g. \"0 1 2 3\"), "
-                         f"got {args.prompt!r}") from None
+from .cli_args import float_arg, int_arg, positive_int_arg, toy_prompt
+from .cli_grammar import add_grammar_arguments, grammar_processors
+from .cli_speculative import add_speculative_arguments
 
 
 def cmd_seed(args) -> int:
@@ -77,20 +60,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _float_arg(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _int_arg(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
 def _decoding_processors(args) -> list:
     """The logits processors --repetition-penalty and --min-p ask for (stop strings: see below)."""
     from .decoding.processors import MinP, RepetitionPenalty
@@ -136,7 +105,7 @@ def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (SmolLM2 text, or toy-model token ids)."""
     from .checkpoint.smollm2 import TextGeneration, generate_text, timed_generate
 
-    processors = _decoding_processors(args)
+    processors = _decoding_processors(args) + grammar_processors(args)
     if args.beams is not None:
         return cmd_beams(args, processors)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -227,85 +196,24 @@ def cmd_verify(args) -> int:
     return 0
 
 
-def add_speculative_arguments(parser) -> None:
-    """Add `--speculative prompt-lookup|early-exit:L --draft-tokens K` to the `generate` parser
-    (after its set_defaults(func=...)): with them, the command runs `cli_generate`; without, the
-    parser's own function, unchanged."""
-    plain = parser.get_default("func")
-
-    def run(args):
-        if args.speculative is None:
-            if args.draft_tokens is not None:
-                raise ValueError("--draft-tokens needs --speculative prompt-lookup|early-exit:L")
-            return plain(args)
-        return cmd_speculative(args)
-
-    parser.set_defaults(func=run)
-
-    parser.add_argument("--speculative", metavar="DRAFT",
-                        help="speculative decoding with this draft: prompt-lookup, or early-exit:L (the "
-                             "model's first L layers); --json then adds draft_tokens_proposed, "
-                             "draft_tokens_accepted and target_forward_calls")
-    parser.add_argument("--draft-tokens", type=_positive_int, metavar="K",
-                        help="with --speculative: at most K guessed tokens per verification pass (default 4)")
+def cmd_serve(args) -> int:
+    """Serve a model over an OpenAI-compatible HTTP API until SIGINT/SIGTERM (tinydecoder.server)."""
+    try:
+        from .server import run_server
+    except ImportError as exc:
+        raise ValueError(f"the server needs the serve extra (pip install -e '.[serve]'): {exc}") from None
+    return run_server(args.model, host=args.host, port=args.port, api_key=args.api_key,
+                      max_batch=args.max_batch, kv_blocks=args.kv_blocks)
 
 
-def cmd_speculative(args) -> int:
-    """The `generate` command with --speculative: the same output (and --json fields) as without."""
-    import json
-    import time
-
-    from .checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, TextGeneration
-
-    if args.no_cache:
-        raise ValueError("--speculative verifies guesses against the KV cache: drop --no-cache")
-    ignored = [flag for flag, given in (("--beams", args.beams is not None), ("--min-p", args.min_p is not None),
-                                        ("--repetition-penalty", args.repetition_penalty is not None),
-                                        ("--stop", bool(args.stop))) if given]
-    if ignored:
-        raise ValueError(f"--speculative does not apply {', '.join(ignored)} (its verification keeps the model's own "
-                         "distribution): drop " + ("it" if len(ignored) == 1 else "them"))
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    if args.model == "toy":
-        from .core.toy import toy_model
-
-        prompt = toy_prompt(args)
-        model, stop_tokens, piece_of = toy_model(), (), lambda token: f" {token}"
-    else:
-        from .checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
-
-        model, tok = load_smollm2(), smollm2_tokenizer()
-        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
-        if not prompt:
-            raise ValueError("the prompt is empty: give some text to continue")
-        stop_tokens, stream = (IM_END_ID, ENDOFTEXT_ID), tok.stream()
-        piece_of = lambda token: "" if token in stop_tokens else stream.step(token)
-    pieces, times = [], []
-
-    def on_token(token):
-        times.append(time.perf_counter())
-        pieces.append(piece_of(token))
-        if not args.json:
-            print(pieces[-1], end="", flush=True)
-
-    from .decoding.speculative import speculative_generate
-
-    start = time.perf_counter()
-    spec = speculative_generate(model, prompt, args.max_new_tokens, args.speculative,
-                                draft_tokens=args.draft_tokens or 4, stop_tokens=stop_tokens,
-                                on_token=on_token, **settings)
-    new = spec.new_tokens
-    text = "".join(pieces).strip() if args.model == "toy" else "".join(pieces)
-    result = TextGeneration(list(prompt), list(new), text, times[0] - start, times[-1] - times[0],
-                            spec.cache.nbytes, stopped=bool(new) and new[-1] in stop_tokens)
-    if args.json:
-        out = result.to_dict() | {k: v for k, v in spec.to_dict().items()
-                                  if k in ("draft", "draft_tokens", "draft_tokens_proposed", "draft_tokens_accepted",
-                                           "target_forward_calls", "accepted_per_step")}
-        print(json.dumps(out, indent=2))
-    else:
-        print()
-    return 0
+def add_serve_arguments(serve) -> None:
+    serve.add_argument("--model", choices=("smollm2", "toy"), default="smollm2", help="smollm2 (default) or toy")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int_arg, default=8000, help="port (default 8000)")
+    serve.add_argument("--max-batch", type=positive_int_arg, default=16, help="most requests running at once (16)")
+    serve.add_argument("--kv-blocks", type=positive_int_arg, default=256, help="KV blocks in the paged pool (256)")
+    serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,13 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="tinydecoder: a small numpy decoder, toy and real.")
     sub = parser.add_subparsers(dest="command", required=True)
     seed = sub.add_parser("seed", help="run seed 000's toy decoder with and without a KV cache")
-    seed.add_argument("--new-tokens", type=_positive_int, default=4, help="tokens to generate (default 4)")
+    seed.add_argument("--new-tokens", type=positive_int_arg, default=4, help="tokens to generate (default 4)")
     seed.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     seed.set_defaults(func=cmd_seed)
     bench = sub.add_parser("bench", help="measure this machine's roofs and the model's prefill/decode speed")
     bench.add_argument("--model", choices=("toy", "smollm2"), default="toy",
                        help="toy: the seed toy's shapes (seconds); smollm2: the real model (~1 minute)")
-    bench.add_argument("--repeat", type=_positive_int, default=3,
+    bench.add_argument("--repeat", type=positive_int_arg, default=3,
                        help="timed repetitions (default 3): roofs take the best, speeds the median; on a busy "
                             "machine compare with OPENBLAS_NUM_THREADS=1")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -334,16 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True, help="the text to continue (toy: ids such as \"0 1 2 3\")")
     gen.add_argument("--chat", action="store_true",
                      help="wrap the prompt in the chat template as a user message; stop at <|im_end|>")
-    gen.add_argument("--max-new-tokens", type=_positive_int, default=64, help="at most this many tokens (64)")
-    gen.add_argument("--temperature", type=_float_arg, help="sample at this temperature (> 0)")
-    gen.add_argument("--top-k", type=_int_arg, help="sample among the k most likely tokens")
-    gen.add_argument("--top-p", type=_float_arg, help="sample within the top-p probability mass (0 < p <= 1)")
-    gen.add_argument("--seed", type=_int_arg, help="random seed, for repeatable sampling")
-    gen.add_argument("--beams", type=_positive_int, help="beam search with N beams instead of one token at a time "
+    gen.add_argument("--max-new-tokens", type=positive_int_arg, default=64, help="at most this many tokens (64)")
+    gen.add_argument("--temperature", type=float_arg, help="sample at this temperature (> 0)")
+    gen.add_argument("--top-k", type=int_arg, help="sample among the k most likely tokens")
+    gen.add_argument("--top-p", type=float_arg, help="sample within the top-p probability mass (0 < p <= 1)")
+    gen.add_argument("--seed", type=int_arg, help="random seed, for repeatable sampling")
+    gen.add_argument("--beams", type=positive_int_arg, help="beam search with N beams instead of one token at a time "
                                                           "(deterministic; prints the best beam)")
-    gen.add_argument("--repetition-penalty", type=_float_arg,
+    gen.add_argument("--repetition-penalty", type=float_arg,
                      help="divide positive / multiply negative logits of tokens already seen (> 0; 1 = off)")
-    gen.add_argument("--min-p", type=_float_arg, help="keep tokens with p >= MIN_P * p(best token) (0..1)")
+    gen.add_argument("--min-p", type=float_arg, help="keep tokens with p >= MIN_P * p(best token) (0..1)")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop once the generated text contains TEXT (repeatable; the text is cut before it)")
     gen.add_argument("--no-cache", action="store_true",
@@ -371,9 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "them in the manifest")
     verify.set_defaults(func=cmd_verify)
     add_speculative_arguments(gen)  # --speculative DRAFT --draft-tokens K
-    from .lessons.grading import add_grade_arguments  # issue 22: grade a class's notebooks
-
-    add_grade_arguments(sub.add_parser("grade", help="run notebooks headless and grade their `implement` exercises"))
+    add_grammar_arguments(gen)  # --json-schema FILE, --regex PATTERN (cli_grammar.py)
+    from .parallel.cli import add_parallel_arguments  # --tensor-parallel N (MPI, tinydecoder.parallel)
+    add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)
+    add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API "
+                                       "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"))
+    from .lessons.grading import add_grade_parser  # issue 22: python -m tinydecoder grade
+    add_grade_parser(sub)
     return parser
 
 

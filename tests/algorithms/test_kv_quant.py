@@ -9,7 +9,6 @@ from tinydecoder.algorithms.kv_quant import (
     AXES,
     QuantizedKVCache,
     attention_error,
-    chunked_perplexity,
     pack,
     quantize,
     quantized_bytes_per_token,
@@ -17,6 +16,7 @@ from tinydecoder.algorithms.kv_quant import (
     unpack,
 )
 from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
+from tinydecoder.lessons.kv_lab import chunked_perplexity
 
 CFG = td.Config(vocab_size=40, d_model=32, n_heads=4, n_kv_heads=2, head_dim=16, n_layers=2, d_ff=48,
                 max_context=128, position="rope", name="quant-test")

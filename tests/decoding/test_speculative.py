@@ -16,9 +16,9 @@ from tinydecoder.decoding.speculative import (
     accept_or_resample,
     acceptance_rate,
     expected_tokens_per_step,
-    simulate_tokens_per_step,
     speculative_generate,
 )
+from tinydecoder.lessons.speculative_lab import simulate_tokens_per_step
 
 needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 
@@ -381,7 +381,7 @@ def test_verify_pass_seconds_rolls_the_cache_back(rope_model):
 
 
 def test_early_exit_agreement(rope_model):
-    from tinydecoder.decoding.drafts import early_exit_agreement
+    from tinydecoder.lessons.speculative_lab import early_exit_agreement
 
     tokens = td.generate(rope_model, [1, 2, 3, 1, 2], 20).tokens
     agree = early_exit_agreement(rope_model, tokens, 5)

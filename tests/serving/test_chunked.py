@@ -135,3 +135,20 @@ def test_chunked_into_a_paged_sequence_after_a_prefix_hit(prompt, block_size, ch
     assert np.max(np.abs(run.logits - expected)) <= 1e-12
     assert run.spans[0][0] == seq.n_cached and len(seq) == len(prompt)
 
+
+
+def test_each_chunk_reads_every_weight_and_the_kv_before_it():
+    """Bytes per chunk, by hand: weights once per call, plus K/V of b positions of every layer."""
+    from tinydecoder.serving.bench import decode_step_bytes
+    from tinydecoder.serving.chunked import chunk_bytes
+
+    model = TOY
+    per_token = model.config.kv_bytes_per_token(model.dtype.itemsize)  # 2 * L * Hkv * d * itemsize
+    assert per_token == 2 * model.config.n_layers * model.config.n_kv_heads * model.config.head_dim * model.dtype.itemsize
+    run = prefill_chunked(model, [0, 1, 2, 3, 4], 2)
+    assert run.bytes_read == [model.nbytes + 2 * per_token, model.nbytes + 4 * per_token, model.nbytes + 5 * per_token]
+    one_shot = prefill_chunked(model, [0, 1, 2, 3, 4], 5)
+    assert sum(run.bytes_read) - sum(one_shot.bytes_read) == 2 * model.nbytes + 6 * per_token  # two more calls
+    assert chunk_bytes(model, 7, 8) == decode_step_bytes(model, 7)  # a chunk of one token is a decode step
+    with pytest.raises(ValueError, match="0 <= a < b"):
+        chunk_bytes(model, 3, 3)

@@ -438,3 +438,18 @@ def test_truncate_then_continue_matches_contiguous_and_forgets_partial_prefix():
     assert other.n_cached == 4
     seq.truncate(0)
     assert seq.n_blocks == 0 and len(seq) == 0
+
+
+def test_the_sequence_is_passive_data_and_the_pool_owns_every_change():
+    """No cycle: paged_sequence imports nothing of paged.py, and calls no private pool method."""
+    import inspect
+
+    from tinydecoder.serving import paged_sequence
+    source = inspect.getsource(paged_sequence)
+    assert "from .paged import" not in source and "TYPE_CHECKING" not in source
+    assert "pool._" not in source
+    pool = PagedKVPool(toy_model().config, n_blocks=4, block_size=2)
+    seq = pool.new_sequence([0, 1, 2, 3, 4])
+    pool.reserve(seq, 3)
+    assert len(seq.block_table) == 2 and pool.blocks_used == 2
+    assert pool.release(seq) == 2 and seq.release() == 0 and pool.blocks_free == 4

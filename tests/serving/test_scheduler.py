@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinydecoder as td
+from tinydecoder.serving import engine as eng
 from tinydecoder.serving import scheduler as sch
 from tinydecoder.serving.scheduler import (
     DECODING,
@@ -122,13 +123,13 @@ def test_float32_rope_gqa_model():
 
 def test_one_forward_batch_call_per_busy_step(monkeypatch):
     calls = []
-    real = sch.forward_batch
+    real = eng.forward_batch
 
     def counting(model, batch, caches, **kw):
         calls.append([len(b) for b in batch])
         return real(model, batch, caches, **kw)
 
-    monkeypatch.setattr(sch, "forward_batch", counting)
+    monkeypatch.setattr(eng, "forward_batch", counting)
     requests = [Request([0, 1, 2, 3], 4, 0), Request([5, 4, 3, 2, 1], 3, 1), Request([1], 2, 6)]
     schedule = run_schedule(TOY, requests, token_budget=4)
     busy = [s for s in schedule.steps if not s.idle]
@@ -227,8 +228,10 @@ def test_bad_requests_are_clear_errors():
         Request([0, 1], 0)
     with pytest.raises(ValueError, match="arrival must be an integer >= 0"):
         Request([0, 1], 2, -1)
-    with pytest.raises(ValueError, match="prompt is empty"):
+    with pytest.raises(ValueError, match="empty prompt"):
         Request([], 2)
+    with pytest.raises(TypeError, match="token ids must be integers"):
+        Request([0.5, 1.7], 2)
     with pytest.raises(ValueError, match="out of range"):
         run_schedule(TOY, [Request([0, 7], 2)])
     with pytest.raises(ValueError, match="context limit"):
@@ -305,8 +308,8 @@ def test_small_pool_delays_admission_but_not_results():
 
 def test_scheduler_rejects_a_backend_that_lies_about_its_cache():
     class Liar(ContiguousKV):
-        def admit(self, request):
-            cache, _ = super().admit(request)
+        def admit(self, request, tokens=None):
+            cache, _ = super().admit(request, tokens)
             return cache, 2  # claims two cached tokens but holds none
 
     with pytest.raises(RuntimeError, match="must hold 0 <= cached"):

@@ -147,3 +147,23 @@ def test_ttft_bars():
                                 "one at a time": run_one_at_a_time(TOY, reqs)})
     assert values["continuous"] == [r.ttft for r in run_schedule(TOY, reqs, token_budget=8).results]
     assert len(ax.containers) == 2 and ax.get_ylabel() == "ttft (engine steps)"
+
+
+def test_first_token_star_sits_in_the_cell_of_its_step_under_that_steps_tick():
+    """The ★ is drawn inside the cell of first_token_step, and the tick labelled with that
+    step's number is in the same cell (notebook 19 asks learners to read the step off it)."""
+    schedule = run_schedule(TOY, demo_requests("staggered"), token_budget=8)
+    fig, ax = plt.subplots()
+    viz.schedule_timeline(ax, schedule)
+    stars = [line for line in ax.lines if line.get_marker() == "*"]
+    arrivals = [line for line in ax.lines if line.get_marker() == "v"]
+    assert len(stars) == len(arrivals) == len(schedule.results)
+    ticks = {t.get_text(): x for t, x in zip(ax.get_xticklabels(), ax.get_xticks())}
+    for star, arrival, r in zip(stars, arrivals, schedule.results):
+        step = r.first_token_step
+        x = float(star.get_xdata()[0])
+        assert step < x < step + 1  # inside the cell [step, step + 1)
+        assert step < ticks[str(step)] < step + 1  # and under the tick that names the step
+        assert r.request.arrival < float(arrival.get_xdata()[0]) < r.request.arrival + 1
+    assert schedule.results[2].first_token_step == 5  # C: notebook 19's exercise 3
+    plt.close(fig)

@@ -1,23 +1,23 @@
 """FlashAttention in numpy: attention that walks the keys block by block (notebook 12).
 
 Softmax needs the max and the sum of a whole row of scores, yet it can be computed one block of
-keys at a time. Keep, for every query, a running max m, a running sum l = sum exp(score - m) and
+keys at a time. Keep, for every query, a running max m, a running sum row_sum = sum exp(score - m) and
 an accumulator acc = sum exp(score - m) * v. When a block raises the max from m to m', the old
-l and acc are multiplied by exp(m - m') (they were summed relative to the old max), then the
-block's terms are added. After the last block, out = acc / l and log-sum-exp = m + log(l).
+row_sum and acc are multiplied by exp(m - m') (they were summed relative to the old max), then
+the block's terms are added. After the last block, out = acc / row_sum and log-sum-exp =
+m + log(row_sum). (The papers call the running sum l; here l is the layer index throughout.)
 No [S, T] matrix of scores ever exists: the queries, too, go in blocks, so a tile of
 [Hq, block, block] scores is the largest temporary.
 
 Conventions are those of `ops.attention`: causal, grouped-query, q [S, Hq, d], k, v [T, Hkv, d],
 the queries being the last S of the T positions. `merge_partials` combines two results computed
 over disjoint sets of keys (a cached prefix and a new chunk; splits of a long cache).
-`attention_traffic` counts the bytes a tiled standard attention and a tiled FlashAttention move
-between slow memory (HBM) and an on-chip memory of a given size.
+The lesson-only counters of notebook 12 (bytes moved between slow and on-chip memory, the peak
+memory of a call) are in `lessons/flash_lab.py`.
 """
 from __future__ import annotations
 
 import math
-import tracemalloc
 
 import numpy as np
 
@@ -53,29 +53,30 @@ def _check_qkv(q, k, v):
     return S, Hq, d, T, Hkv
 
 
-def online_update(m, l, acc, scores, values):
+def online_update(m, row_sum, acc, scores, values):
     """Fold one block of keys into the running (max, sum, accumulator) of some rows of queries.
 
-    m, l: [..., R, 1]   running max and sum of exp(score - m) of R query rows
+    m, row_sum: [..., R, 1]   running max and sum of exp(score - m) of R query rows
     acc:  [..., R, dv]  running sum of exp(score - m) * value
     scores: [..., R, B] this block's scores (-inf where masked); values: [..., B, dv]
-    returns the new (m, l, acc) and alpha [..., R, 1], the factor the old l and acc were rescaled by.
-    A row that has seen no visible key yet keeps m = -inf, l = 0, acc = 0 (no NaN from -inf - -inf)."""
+    returns the new (m, row_sum, acc) and alpha [..., R, 1], the factor the old row_sum and acc
+    were rescaled by.
+    A row that has seen no visible key yet keeps m = -inf, row_sum = 0, acc = 0 (no NaN from -inf - -inf)."""
     m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))
     shift = np.where(np.isneginf(m_new), m_new.dtype.type(0), m_new)  # -inf only if nothing seen
     alpha = np.exp(m - shift)  # exp(m_old - m_new) <= 1: the old terms shrink when the max grows
     p = np.exp(scores - shift)  # [..., R, B] this block's unnormalised weights, each <= 1
-    l = alpha * l + p.sum(axis=-1, keepdims=True)
+    row_sum = alpha * row_sum + p.sum(axis=-1, keepdims=True)
     acc = alpha * acc + p @ values  # [..., R, dv]
-    return m_new, l, acc, alpha
+    return m_new, row_sum, acc, alpha
 
 
-def _finish(m, l, acc):
-    """out = acc / l and lse = m + log(l); a row that saw no key gets out 0 and lse -inf."""
-    seen = l > 0
-    out = np.divide(acc, l, out=np.zeros_like(acc), where=seen)
+def _finish(m, row_sum, acc):
+    """out = acc / row_sum and lse = m + log(row_sum); a row that saw no key gets out 0, lse -inf."""
+    seen = row_sum > 0
+    out = np.divide(acc, row_sum, out=np.zeros_like(acc), where=seen)
     lse = np.full_like(m, -np.inf)
-    np.add(m, np.log(l, out=np.zeros_like(l), where=seen), out=lse, where=seen)
+    np.add(m, np.log(row_sum, out=np.zeros_like(row_sum), where=seen), out=lse, where=seen)
     return out, lse
 
 
@@ -121,7 +122,7 @@ def _query_block_attention(q, k, v, block_size, query_start):
     qg = (q * scale).reshape(S, Hkv, g, d).transpose(1, 2, 0, 3).reshape(Hkv, g * S, d)  # [Hkv, g*S, d]
     query_pos = np.tile(query_start + np.arange(S), g)  # [g*S] position of each stacked query row
     m = np.full((Hkv, g * S, 1), -np.inf, dtype)  # running max
-    l = np.zeros((Hkv, g * S, 1), dtype)  # running sum of exp(score - m)
+    row_sum = np.zeros((Hkv, g * S, 1), dtype)  # running sum of exp(score - m)
     acc = np.zeros((Hkv, g * S, d), dtype)  # running sum of exp(score - m) * v
     end = min(T, query_start + S)  # no query sees the keys from here on: skip them
     for start in range(0, max(end, 0), block_size):
@@ -130,8 +131,8 @@ def _query_block_attention(q, k, v, block_size, query_start):
         if stop - 1 > query_start:  # the block reaches into some query's future
             future = np.arange(start, stop)[None, :] > query_pos[:, None]  # [g*S, B]
             scores[:, future] = -np.inf
-        m, l, acc, _ = online_update(m, l, acc, scores, v[start:stop].transpose(1, 0, 2))
-    out, lse = _finish(m, l, acc)  # [Hkv, g*S, d], [Hkv, g*S, 1]
+        m, row_sum, acc, _ = online_update(m, row_sum, acc, scores, v[start:stop].transpose(1, 0, 2))
+    out, lse = _finish(m, row_sum, acc)  # [Hkv, g*S, d], [Hkv, g*S, 1]
     out = out.reshape(Hkv, g, S, d).transpose(2, 0, 1, 3).reshape(S, Hq * d)  # [S, Hq*d]
     return out, lse.reshape(Hq, S)
 
@@ -177,8 +178,9 @@ def online_softmax_steps(scores, values, block_size):
     """One query row's online softmax, block by block, for looking at each step.
 
     scores: [T] the row's scaled (and masked) scores; values: [T, dv]
-    returns one dict per block: keys_seen, m (running max), l (running sum), alpha (rescale of the
-    previous l and acc), out (acc / l: the attention over the keys seen so far)."""
+    returns one dict per block: keys_seen, m (running max), row_sum (running sum of
+    exp(score - m)), alpha (rescale of the previous row_sum and acc), out (acc / row_sum: the
+    attention over the keys seen so far)."""
     scores = np.asarray(scores)
     values = np.asarray(values)
     if scores.ndim != 1 or scores.dtype.kind != "f" or scores.size < 1:
@@ -188,102 +190,14 @@ def online_softmax_steps(scores, values, block_size):
     block_size = _check_int("block_size", block_size, minimum=1)
     dtype = np.result_type(scores.dtype, values.dtype)
     m = np.full((1, 1), -np.inf, dtype)
-    l = np.zeros((1, 1), dtype)
+    row_sum = np.zeros((1, 1), dtype)
     acc = np.zeros((1, values.shape[1]), dtype)
     steps = []
     for start in range(0, scores.shape[0], block_size):
         stop = min(start + block_size, scores.shape[0])
-        m, l, acc, alpha = online_update(m, l, acc, scores[None, start:stop].astype(dtype),
+        m, row_sum, acc, alpha = online_update(m, row_sum, acc, scores[None, start:stop].astype(dtype),
                                          values[start:stop].astype(dtype))
-        out, _ = _finish(m, l, acc)
-        steps.append({"keys_seen": stop, "m": float(m[0, 0]), "l": float(l[0, 0]),
+        out, _ = _finish(m, row_sum, acc)
+        steps.append({"keys_seen": stop, "m": float(m[0, 0]), "row_sum": float(row_sum[0, 0]),
                       "alpha": float(alpha[0, 0]), "out": out[0]})
     return steps
-
-
-def peak_memory(fn, *args, **kwargs):
-    """(fn(*args, **kwargs), peak bytes allocated during the call above what was allocated before).
-
-    Measured with tracemalloc, to which numpy reports its array buffers; the peak includes the
-    result itself. Nested use is refused (tracemalloc has one peak)."""
-    if tracemalloc.is_tracing():
-        raise RuntimeError("peak_memory cannot run while tracemalloc is already tracing")
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        result = fn(*args, **kwargs)
-        peak = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
-    return result, peak
-
-
-# --- bytes moved between slow memory (HBM) and on-chip memory (SRAM) ----------------------------
-def _tiles(n, size):
-    """Sizes of the tiles that cut n rows into blocks of `size` (the last one may be shorter)."""
-    return [min(size, n - start) for start in range(0, n, size)]
-
-
-def _block_shape(n, d, sram, per_row, key_tiles):
-    """(Br, Bc): a key block of Bc = min(n, d, sram // 4d) rows (FlashAttention's choice, at least
-    1), and the largest query block of Br rows whose working set fits in `sram` elements:
-    Br * (per_row + Bc) + key_tiles * Bc * d <= sram. Bc shrinks if no Br >= 1 fits."""
-    block_cols = min(n, d, max(1, sram // (4 * d)))
-    while True:
-        block_rows = min(n, (sram - key_tiles * block_cols * d) // (per_row + block_cols))
-        if block_rows >= 1 or block_cols == 1:
-            break
-        block_cols -= 1
-    if block_rows < 1:
-        need = per_row + 1 + key_tiles * d
-        raise ValueError(f"sram_elements={sram} cannot hold one query row, one key row and their "
-                         f"state (d={d}): this tiling needs at least {need}")
-    return block_rows, block_cols
-
-
-def attention_traffic(n, d, sram_elements, itemsize=4):
-    """Bytes moved between slow memory and an on-chip memory of `sram_elements` numbers, for one
-    head of non-causal attention over n positions (the FlashAttention paper's setting), counted
-    tile by tile.
-
-    standard: three kernels, each reading its inputs from slow memory and writing its output back:
-      S = Q K^T (a block of Br queries stays on chip while the keys stream past in blocks of Bc),
-      P = softmax(S) row by row (one read if a row fits on chip, else three: max, sum, normalise),
-      O = P V (a block of Br output rows accumulates on chip while P's and V's blocks stream past).
-    flash: one kernel; a block of Br queries, its accumulator and (m, l) stay on chip while K and V
-      stream past in blocks of Bc; S and P live on chip only; O and the lse are written once.
-    returns {"standard_bytes", "flash_bytes", "standard_reads", "standard_writes", "flash_reads",
-             "flash_writes" (bytes), "standard_blocks", "flash_blocks" ((Br, Bc))}."""
-    n = _check_int("n", n, minimum=1)
-    d = _check_int("d", d, minimum=1)
-    sram = _check_int("sram_elements", sram_elements, minimum=1)
-    itemsize = _check_int("itemsize", itemsize, minimum=1)
-
-    # standard: S = Q K^T, then P = softmax(S), then O = P V; counted in elements
-    br, bc = _block_shape(n, d, sram, per_row=d, key_tiles=1)  # Q (or O) rows + K (or V) rows + S tile
-    key_rows = sum(_tiles(n, bc))  # the rows one pass over K (or V), block by block, brings in
-    reads = writes = 0
-    for rows in _tiles(n, br):  # S = Q K^T
-        reads += rows * d + key_rows * d  # Q_i once, then every K_j
-        writes += rows * key_rows  # S_ij for every j
-    passes = 1 if n <= sram else 3  # a row of S fits on chip, or max / sum / normalise passes
-    reads += passes * n * n  # P = softmax(S)
-    writes += n * n
-    for rows in _tiles(n, br):  # O = P V
-        reads += rows * key_rows + key_rows * d  # every P_ij and V_j
-        writes += rows * d  # O_i, once
-    standard = (reads * itemsize, writes * itemsize)
-    standard_blocks = (br, bc)
-
-    # flash: per query block, Q_i + acc (d each) + m, l (1 each) per row; K_j and V_j stream
-    br, bc = _block_shape(n, d, sram, per_row=2 * d + 2, key_tiles=2)
-    key_rows = sum(_tiles(n, bc))
-    reads = writes = 0
-    for rows in _tiles(n, br):
-        reads += rows * d + 2 * key_rows * d  # Q_i once, then every K_j and V_j
-        writes += rows * d + rows  # O_i and lse_i, once
-    flash = (reads * itemsize, writes * itemsize)
-    return {"standard_bytes": sum(standard), "flash_bytes": sum(flash),
-            "standard_reads": standard[0], "standard_writes": standard[1],
-            "flash_reads": flash[0], "flash_writes": flash[1],
-            "standard_blocks": standard_blocks, "flash_blocks": (br, bc)}

@@ -273,32 +273,6 @@ def attention_error(q, k, v, bits: int = 8, key_axis: str = "channel", value_axi
     return float(np.linalg.norm(approx - exact) / np.linalg.norm(exact))
 
 
-def chunked_perplexity(model, token_ids, cache=None, prefix: int = 32, chunk: int = 32) -> float:
-    """Perplexity of token_ids[prefix:] given what comes before, run through `cache`.
-
-    The first `prefix` tokens are prefilled; the rest is fed `chunk` tokens at a time, so
-    every later token attends to keys and values read back from the cache."""
-    from ..core.reference import forward
-    from ..core.validate import check_token_ids
-
-    ids = check_token_ids(model.config, token_ids)
-    if not 1 <= prefix < len(ids):
-        raise ValueError(f"prefix must be in 1..{len(ids) - 1} (tokens before the first scored one), got {prefix}")
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
-    cache = model.new_cache(len(ids)) if cache is None else cache
-    if len(cache):
-        raise ValueError(f"the cache must be empty (it holds {len(cache)} positions): the text is prefilled into it")
-    rows = [forward(model, ids[:prefix], cache, last_only=True)]  # predicts ids[prefix]
-    for start in range(prefix, len(ids) - 1, chunk):
-        rows.append(forward(model, ids[start:min(start + chunk, len(ids) - 1)], cache))
-    logits = np.concatenate(rows).astype(np.float64)  # [N - prefix, V]
-    targets = ids[prefix:]
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted[np.arange(len(targets)), targets] - np.log(np.exp(shifted).sum(axis=1))
-    return float(np.exp(-log_probs.mean()))
-
-
 def quantized_bytes_per_token(config: Config, bits: int = 8, group_size: int = 32) -> float:
     """Bytes a position costs once its groups are full: codes plus a float16 scale and zero per
     group of `group_size` numbers, for K and V of every layer and KV head (either axis)."""

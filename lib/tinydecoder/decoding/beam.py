@@ -26,7 +26,7 @@ from ..core.fast import forward_batch
 from ..core.model import Model
 from ..core.reference import forward
 from ..core.validate import check_context, check_token_ids
-from .processors import apply_processors, check_processors, should_stop
+from .processors import apply_processors, check_processors, should_stop, start_processors
 from .sampling import best_tokens
 
 
@@ -108,6 +108,7 @@ def beam_search(model: Model, prompt, beams: int, max_new_tokens: int, length_pe
     live = [([], 0.0)]  # (new tokens, summed log-prob); one beam to start, so no duplicates
     caches = [model.new_cache(capacity=needed)] if use_cache else None
     finished, steps, calls = [], [], 0
+    start_processors(processors, prompt)
     for step in range(max_new_tokens):
         contexts = [prompt + toks for toks, _ in live]
         if use_cache:  # each beam feeds what its cache lacks: the prompt at step 0, then one token

@@ -141,33 +141,3 @@ def make_draft(model: Model, spec):
         return ModelDraft(early_exit_model(model, n_layers), name=f"early-exit:{n_layers}")
     raise ValueError(f"unknown draft {spec!r}: use 'prompt-lookup' or 'early-exit:L' with L in "
                      f"1..{model.config.n_layers - 1}")
-
-
-def early_exit_agreement(model: Model, token_ids, start: int, layers=None) -> dict:
-    """How often an early exit after L blocks (then the final norm and head) picks the full
-    model's greedy token, at every position from `start - 1` on (predicting token_ids[start:]
-    and one more), with the true context before it: the greedy acceptance rate of the
-    early-exit draft's first guess.  -> {L: fraction}, for L in `layers` (default 1..n_layers)."""
-    from ..core.ops import rmsnorm
-    from ..core.reference import decoder_block, embed_tokens
-    from ..core.reference import forward as reference_forward
-    from ..core.validate import check_token_ids
-
-    cfg = model.config
-    ids = check_token_ids(cfg, token_ids)
-    if not 1 <= start <= len(ids):
-        raise ValueError(f"start must be in 1..{len(ids)} (the number of tokens given), got {start}")
-    layers = sorted(set(range(1, cfg.n_layers + 1) if layers is None else layers))
-    if not layers or not 1 <= layers[0] <= layers[-1] <= cfg.n_layers:
-        raise ValueError(f"layers must lie in 1..{cfg.n_layers}, got {layers}")
-    positions = np.arange(len(ids))
-    cache = model.new_cache(len(ids))
-    x = embed_tokens(model, ids, positions)  # [T, D]
-    picks = {}
-    for l in range(layers[-1]):
-        x = decoder_block(model.layers[l], x, positions, cache.layer(l))
-        if l + 1 in layers:
-            h = rmsnorm(x[start - 1:], model.final_norm, cfg.norm_eps)  # [T - start + 1, D]
-            picks[l + 1] = np.argmax(h @ model.lm_head, axis=-1)  # [T - start + 1]
-    full = np.argmax(reference_forward(model, ids)[start - 1:], axis=-1) if cfg.n_layers not in picks else picks[cfg.n_layers]
-    return {L: float(np.mean(p == full)) for L, p in picks.items()}

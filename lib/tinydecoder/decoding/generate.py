@@ -79,7 +79,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     1,900 steps); keep_logits=False keeps None instead, so a long run's memory stays the
     weights plus the cache. `kernels` (a `Kernels`, e.g. a learner's own attention) runs every
     round on the reference path with those primitives instead of the fast path."""
-    from .processors import apply_processors, check_processors, should_stop
+    from .processors import apply_processors, check_processors, should_stop, start_processors
 
     processors = check_processors(processors)
     if kernels is not None and not isinstance(kernels, Kernels):
@@ -99,6 +99,7 @@ def generate(model: Model, prompt, max_new_tokens: int, *, sampler=greedy, use_c
     elif cache is not None:
         raise ValueError("use_cache=False recomputes everything; do not pass a cache")
     result = Generation(tokens=tokens, prompt_length=len(tokens), cache=cache if use_cache else None)
+    start_processors(processors, tokens)
     for step in range(1, max_new_tokens + 1):
         past = len(cache) if use_cache else 0  # positions attended to
         new = tokens[tokens_fed(cache) if use_cache else 0:]

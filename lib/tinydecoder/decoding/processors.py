@@ -205,6 +205,14 @@ def check_processors(processors) -> list:
     return processors
 
 
+def start_processors(processors, prompt) -> None:
+    """A new sequence begins after `prompt`: processors that keep per-sequence state (a grammar's
+    parser state, see decoding.grammar) have a `start(prompt)` method, called here."""
+    for p in processors:
+        if hasattr(p, "start"):
+            p.start(prompt)
+
+
 def apply_processors(processors, tokens, logits):
     """Run each processor in order on one position's logits.  [V] -> [V]"""
     for p in processors:

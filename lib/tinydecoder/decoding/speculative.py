@@ -11,9 +11,11 @@
 A decode step reads every weight once for one row; reading them once for n+1 rows costs about
 the same (notebook 11's roofline: decode is memory-bound), so each pass yields 1..n+1 tokens.
 
-Greedy: accept x_i iff it is the target's argmax there, so the output is the target's greedy
-output token for token (the n+1-row pass computes the same logits as single-row steps, up to
-float rounding of a differently shaped matmul). Sampling: the rule of Leviathan et al. 2023 and
+Greedy: accept x_i iff it is the target's argmax there. The n+1-row pass computes the logits of
+single-row steps up to float rounding (a differently shaped matmul sums in another order), not
+bit for bit; so the output is `generate`'s token for token unless, at some position, the target's
+two best logits are closer than that rounding (a tie up to rounding, where either is its argmax).
+lessons/speculative_lab.py `greedy_rounding` measures both on a run. Sampling: the rule of Leviathan et al. 2023 and
 Chen et al. 2023: accept x ~ q with probability min(1, p(x)/q(x)), otherwise draw from
 norm(max(0, p - q)); the output is then distributed exactly as p (see accept_or_resample).
 """
@@ -103,13 +105,6 @@ def expected_tokens_per_step(alpha, k: int):
     = (1 - alpha^(k+1)) / (1 - alpha)."""
     alpha = np.asarray(alpha, dtype=np.float64)
     return np.sum(alpha[..., None] ** np.arange(k + 1), axis=-1)  # the sum: also right at alpha = 1
-
-
-def simulate_tokens_per_step(alpha: float, k: int, n_steps: int, rng) -> np.ndarray:
-    """Tokens per pass of n_steps simulated passes, each guess kept i.i.d. with probability alpha:
-    1 + (number of leading kept guesses).  -> [n_steps] ints in 1..k+1"""
-    kept = np.random.default_rng(rng).random((n_steps, k)) < alpha  # [n_steps, k]
-    return 1 + np.cumprod(kept, axis=1).sum(axis=1)
 
 
 @dataclass

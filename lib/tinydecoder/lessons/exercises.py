@@ -10,7 +10,7 @@ placeholder between nbgrader's `### BEGIN SOLUTION` / `### END SOLUTION` markers
 `check` again.
 
 `check_implementation(name, fn)` runs an "implement it" exercise: the learner writes a function
-and the cases of lessons/implement/chNN.py judge it (one line per case, never raises).
+and the cases of its chapter (module ch02, ch04, ... of lessons.implement) judge it (one line per case, never raises).
 
 `within_rounding(a, b)` prints that two results agree up to float rounding without printing the
 rounding itself, whose digits change with the BLAS library, its kernels and its thread count.

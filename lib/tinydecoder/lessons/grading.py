@@ -133,6 +133,11 @@ def write_csv(rows, path) -> None:
             writer.writerow(row | {"failed": "; ".join(row["failed"]), "exercise": row["exercise"] or ""})
 
 
+def add_grade_parser(subparsers) -> None:
+    """Add the `grade` command to the command line's subparsers (cli.build_parser)."""
+    add_grade_arguments(subparsers.add_parser("grade", help="run notebooks headless and grade their `implement` exercises"))
+
+
 def add_grade_arguments(parser) -> None:
     parser.add_argument("notebooks", nargs="+", metavar="NOTEBOOK",
                         help="notebooks to run and grade; a folder: every notebook under it")

@@ -292,3 +292,28 @@ def block_size_view(workload, block_size: int, step: int, reserve: int | None = 
             "paged_slots": int(mem.paged_slots[step]), "paged_waste": int(mem.paged_waste[step]),
             "reserved": int(mem.reserved[step]), "contiguous_waste": int(mem.contiguous_waste[step]),
             "max_seq_waste": int(mem.seq_waste.max()), "summary": mem.summary()}
+
+
+def allocator_tables(allocator, workload, width: int | None = None) -> list:
+    """Replay `workload` through a block allocator with notebook 17's exercise interface
+    (`grow(name, n_positions)`, `free(name)`, `tables`): each step, every running request
+    grows to the positions it holds after the step, then finished requests are freed. Returns
+    the block tables after each step in `WorkloadMemory.tables`' form ([n_requests, width],
+    -1 where a request has no block), so the two can be compared step by step."""
+    workload = list(workload)
+    if width is None:
+        width = -(-max(r.positions_needed for r in workload) // allocator.block_size)
+    tables = []
+    for step in range(max(r.last_step for r in workload) + 1):
+        live = [r for r in workload if r.arrival <= step <= r.last_step]
+        for r in live:
+            allocator.grow(r.rid, r.length_at(step))
+        table = np.full((len(workload), width), -1, np.int64)
+        for r in live:
+            held = list(allocator.tables[r.rid])
+            table[r.rid, :len(held)] = held
+        tables.append(table)
+        for r in live:
+            if r.last_step == step:
+                allocator.free(r.rid)
+    return tables

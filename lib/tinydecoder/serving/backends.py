@@ -31,12 +31,16 @@ class KVBackend(Protocol):
     def fits_empty(self, request) -> bool:
         """Could the request run at all, in an otherwise empty pool?"""
 
-    def can_admit(self, request) -> bool:
-        """Can it be admitted now without any running request ever running out of memory?"""
+    def can_admit(self, request, tokens=None) -> bool:
+        """Can it be admitted now? `tokens`: what it will prefill (default its prompt; after a
+        preemption, the prompt plus the tokens it had generated)."""
 
-    def admit(self, request):
+    def admit(self, request, tokens=None):
         """-> (cache, cached_tokens): a cache for `forward_batch`, holding `cached_tokens`
-        positions of the prompt already (reused prefix blocks), 0 <= cached < len(prompt)."""
+        positions of `tokens` already (reused prefix blocks), 0 <= cached < len(tokens)."""
+
+    def reserve(self, cache, n_new: int) -> bool:
+        """Take the memory for n_new more rows of `cache` now; False (changing nothing) if short."""
 
     def prefilled(self, cache, prompt) -> None:
         """Called once the whole prompt is in `cache`."""
@@ -76,14 +80,18 @@ class ContiguousKV:
     def fits_empty(self, request) -> bool:
         return self.total_blocks is None or request.positions_needed <= self.total_blocks
 
-    def can_admit(self, request) -> bool:
+    def can_admit(self, request, tokens=None) -> bool:
         return self.total_blocks is None or request.positions_needed <= self.free_blocks
 
-    def admit(self, request):
+    def admit(self, request, tokens=None):
         """-> (cache, cached_tokens): an empty cache reserved for the whole request."""
         cache = self.model.new_cache(capacity=request.positions_needed)
         self.reserved[id(cache)] = request.positions_needed
         return cache, 0
+
+    def reserve(self, cache, n_new: int) -> bool:
+        """Always True: the whole request was reserved at admission."""
+        return True
 
     def prefilled(self, cache, prompt) -> None:
         """Called once the whole prompt is in `cache` (a paged backend registers its blocks)."""
@@ -95,14 +103,21 @@ class ContiguousKV:
 class PagedKV:
     """`tinydecoder.serving.scheduler` backend over a PagedKVPool: blocks on demand, prefix reuse.
 
-    Admission is conservative so that a running request never finds the pool empty (this
-    engine does not preempt): a request is admitted when the free blocks, minus the blocks
-    the running requests may still take, cover its worst case ceil(positions_needed / B)
-    less the prefix blocks it reuses. Blocks are still taken only as positions are written,
-    and a finished request's blocks are free at once."""
+    admission="reserve" (default) is conservative, so that a running request never finds the
+    pool empty: a request is admitted when the free blocks, minus the blocks the running
+    requests may still take, cover its worst case ceil(positions_needed / B) less the prefix
+    blocks it reuses. admission="on_demand" (as vLLM does) admits a request when the blocks
+    for what it must prefill are free; a running request that later finds the pool empty
+    makes the engine preempt the newest running one. Either way blocks are taken only as
+    rows are planned, and a finished request's blocks are free at once."""
+
+    ADMISSIONS = ("reserve", "on_demand")
 
     def __init__(self, model, n_blocks: int, block_size: int = 16, cache_prefixes: bool = True,
-                 cache_freed_blocks: bool = True):
+                 cache_freed_blocks: bool = True, admission: str = "reserve"):
+        if admission not in self.ADMISSIONS:
+            raise ValueError(f"admission must be one of {self.ADMISSIONS}, got {admission!r}")
+        self.admission = admission
         self.model = model
         self.pool = PagedKVPool.for_model(model, n_blocks, block_size, cache_freed_blocks=cache_freed_blocks)
         self.block_size = self.pool.block_size
@@ -135,20 +150,28 @@ class PagedKV:
     def fits_empty(self, request) -> bool:
         return self._worst_blocks(request) <= self.total_blocks
 
-    def can_admit(self, request) -> bool:
-        hits = self.pool.match_prefix(request.prompt) if self.cache_prefixes else []
+    def can_admit(self, request, tokens=None) -> bool:
+        tokens = request.prompt if tokens is None else tokens
+        hits = self.pool.match_prefix(tokens) if self.cache_prefixes else []
         revived = sum(1 for b in hits if self.pool.refcount[b] == 0)  # cached free blocks it takes back
+        if self.admission == "on_demand":  # the blocks of what it prefills, no promise beyond
+            return -(-len(tokens) // self.block_size) - len(hits) <= self.pool.blocks_free - revived
         need = self._worst_blocks(request) - len(hits)
         return need <= self.available_blocks - revived
 
-    def admit(self, request):
+    def admit(self, request, tokens=None):
         """-> (sequence, cached_tokens)."""
-        if self.cache_prefixes:
-            seq = self.pool.new_sequence(request.prompt)
-        else:
-            seq = self.pool.new_sequence()
-        self._worst[seq.seq_id] = self._worst_blocks(request)
+        tokens = request.prompt if tokens is None else tokens
+        seq = self.pool.new_sequence(tokens) if self.cache_prefixes else self.pool.new_sequence()
+        if self.admission == "reserve":
+            self._worst[seq.seq_id] = self._worst_blocks(request)
         return seq, seq.n_cached
+
+    def reserve(self, cache, n_new: int) -> bool:
+        if self.pool.blocks_needed(cache, n_new) > self.pool.blocks_free:
+            return False
+        self.pool.reserve(cache, n_new)
+        return True
 
     def prefilled(self, cache, prompt) -> None:
         """Blocks are registered as they fill (the sequence knows its prompt); nothing to do."""

@@ -18,10 +18,14 @@ same for every chunk size (up to float rounding); the cache ends up the same too
     run.logits.shape        # (5, 6): one row per prompt position, as fast.forward() gives
     run.spans               # [(0, 2), (2, 4), (4, 5)]
     [m.shape for m in chunk_masks(5, 2)]   # [(2, 2), (2, 4), (1, 5)]
+    run.bytes_read          # per chunk: every weight + K/V of positions 0..b-1 (chunk_bytes)
+
+Chunking keeps the query-key pairs the same but not the memory traffic: every forward call
+reads every weight again, and the K/V of every position before it. `chunk_bytes` counts it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,12 +70,22 @@ def one_shot_mask_from_chunks(masks) -> np.ndarray:
     return np.concatenate(rows, axis=0)
 
 
+def chunk_bytes(model: Model, a: int, b: int) -> int:
+    """Bytes the forward call of chunk (a, b) must read at least: every weight once, and K and
+    V of the b positions its queries attend to (a cached + its own b - a) in every layer.
+    For b = a + 1 this is a decode step after a cached positions (bench.decode_step_bytes)."""
+    if not (isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)) and 0 <= a < b):
+        raise ValueError(f"a chunk is (a, b) with integers 0 <= a < b, got ({a!r}, {b!r})")
+    return int(model.nbytes + int(b) * model.config.kv_bytes_per_token(model.dtype.itemsize))
+
+
 @dataclass
 class ChunkedPrefill:
     logits: np.ndarray  # [S, V]: every prompt position's logits, chunk after chunk
     spans: list  # [(a, b)] the positions of each chunk
     cache: object  # the cache after the last chunk (holds past + S positions)
     score_pairs: list  # query-key pairs scored per chunk, summed over layers and query heads
+    bytes_read: list = field(default_factory=list)  # per chunk: chunk_bytes(model, a, b)
 
     @property
     def last_logits(self) -> np.ndarray:
@@ -81,7 +95,7 @@ class ChunkedPrefill:
 def prefill_chunked(model: Model, prompt, chunk_size: int, cache=None) -> ChunkedPrefill:
     """Prefill `prompt` into `cache` (a new one when None) chunk by chunk, one forward call per
     chunk. Returns every position's logits [S, V] (equal to fast.forward(model, prompt) up to float
-    rounding), the chunk spans, the filled cache and the work of each chunk.
+    rounding), the chunk spans, the filled cache and the work and bytes read of each chunk.
 
     A cache passed in may already hold a prefix (positions 0..past-1); `prompt` then holds only
     the tokens after it, and spans count from `past`."""
@@ -96,4 +110,5 @@ def prefill_chunked(model: Model, prompt, chunk_size: int, cache=None) -> Chunke
     for a, b in spans:
         logits.append(fast.forward(model, ids[a - past:b - past], cache))  # [b - a, V]
         pairs.append(work_counts(cfg, a, b - a)[1])
-    return ChunkedPrefill(np.concatenate(logits, axis=0), spans, cache, pairs)
+    return ChunkedPrefill(np.concatenate(logits, axis=0), spans, cache, pairs,
+                          [chunk_bytes(model, a, b) for a, b in spans])

@@ -187,20 +187,20 @@ class PagedKVPool:
         """A new sequence. With a prompt, it starts holding the longest cached full-block prefix
         of the prompt (at most (len(prompt) - 1) // block_size blocks) and knows its tokens, so
         its own blocks are registered for later requests. Prefill `seq.pending_tokens` next."""
-        seq = PagedSequence(self, self._next_id)
-        self._next_id += 1
+        seq = self._new(PagedSequence(self, self._next_id))
         if prompt is not None:
             tokens = check_tokens(self.config, prompt)
             hits = self.match_prefix(tokens)
             for block in hits:
                 self._incref(block)
             n = len(hits) * self.block_size
-            seq.block_table = list(hits)
-            seq.lengths = [n] * self.config.n_layers
-            seq.tokens = tokens
-            seq.n_cached = n
-            seq._hashes = block_hashes(tokens[:n], self.block_size)
+            seq.block_table, seq.lengths, seq.tokens, seq.n_cached = list(hits), [n] * self.config.n_layers, tokens, n
+            seq.hashes = block_hashes(tokens[:n], self.block_size)
             self.prefix_hit_tokens += n
+        return seq
+
+    def _new(self, seq: PagedSequence) -> PagedSequence:
+        self._next_id += 1
         self.sequences[seq.seq_id] = seq
         return seq
 
@@ -216,6 +216,136 @@ class PagedKVPool:
                 break
             hits.append(block)
         return hits
+
+    def _live(self, seq: PagedSequence) -> None:
+        if not isinstance(seq, PagedSequence) or self.sequences.get(seq.seq_id) is not seq:
+            raise ValueError(f"{seq!r} is not a live sequence of this pool; make one with pool.new_sequence()")
+
+    def append(self, seq: PagedSequence, layer: int, k_new, v_new):
+        """Write S new rows of `layer` into `seq`'s blocks (taking new blocks, or copying a shared
+        one, as needed); return that layer's K, V for all T positions, [T, Hkv, d] each."""
+        self._live(seq)
+        cfg, B = self.config, self.block_size
+        if not (isinstance(layer, (int, np.integer)) and 0 <= layer < cfg.n_layers):
+            raise ValueError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer!r}")
+        expect = (cfg.n_kv_heads, cfg.head_dim)
+        for name, x in (("k_new", k_new), ("v_new", v_new)):
+            if np.ndim(x) != 3 or tuple(np.shape(x)[1:]) != expect or np.shape(x)[0] != np.shape(k_new)[0]:
+                raise ValueError(f"{name} must have shape [S, {expect[0]}, {expect[1]}] (S new rows, "
+                                 f"Hkv, head_dim), the same S for K and V; got {np.shape(x)}")
+        start = seq.lengths[layer]
+        end = start + k_new.shape[0]
+        self._make_writable(seq, start, end)
+        pos = np.arange(start, end)
+        table = np.asarray(seq.block_table, np.int64)
+        blocks, rows = table[pos // B], pos % B
+        self.k[layer][blocks, rows] = k_new
+        self.v[layer][blocks, rows] = v_new
+        if end > start:
+            np.maximum.at(self.fill, blocks, rows + 1)
+        seq.lengths[layer] = end
+        if layer == cfg.n_layers - 1:
+            self._register_full_blocks(seq)
+        used = table[:-(-end // B)]
+        k_all = self.k[layer][used].reshape(len(used) * B, *expect)[:end]  # [T, Hkv, d] (a gather)
+        v_all = self.v[layer][used].reshape(len(used) * B, *expect)[:end]
+        return k_all, v_all
+
+    def _blocks_for(self, seq: PagedSequence, start: int, end: int):
+        """(new blocks, shared logical blocks to copy) that writing positions start..end-1 needs."""
+        if end <= start:
+            return 0, []
+        last = (end - 1) // self.block_size
+        new = max(0, last + 1 - len(seq.block_table))
+        shared = [i for i in range(start // self.block_size, min(last + 1, len(seq.block_table)))
+                  if self.refcount[seq.block_table[i]] > 1]
+        return new, shared
+
+    def _make_writable(self, seq: PagedSequence, start: int, end: int) -> None:
+        new, shared = self._blocks_for(seq, start, end)
+        if new or shared:
+            self._check_available(new + len(shared), f"sequence {seq.seq_id} (positions {start}..{end - 1}: "
+                                                     f"{new} new, {len(shared)} copy-on-write)")
+        for i in shared:  # copy-on-write: this sequence gets its own copy; the others keep theirs
+            old = seq.block_table[i]
+            seq.block_table[i] = self._copy_block(old)
+            self._decref(old)
+        for _ in range(new):
+            seq.block_table.append(self._allocate())
+
+    def blocks_needed(self, seq: PagedSequence, n_new: int) -> int:
+        """Blocks the pool must hand out to append `n_new` more positions to `seq` (new + copy-on-write)."""
+        n = len(seq)
+        new, shared = self._blocks_for(seq, n, n + int(n_new))
+        return new + len(shared)
+
+    def reserve(self, seq: PagedSequence, n_new: int) -> None:
+        """Take now the blocks for `n_new` more positions of `seq` (raises PoolExhaustedError,
+        changing nothing, if there are too few). Do it for every sequence of a batch before
+        forward_batch so that a full pool never stops a pass half-way."""
+        self._live(seq)
+        n = len(seq)
+        self._make_writable(seq, n, n + int(n_new))
+
+    def _register_full_blocks(self, seq: PagedSequence) -> None:
+        """Put each full block of `seq` whose tokens are known into the prefix index (once)."""
+        if any(n != seq.lengths[0] for n in seq.lengths):
+            return
+        B = self.block_size
+        full = min(seq.lengths[0], len(seq.tokens)) // B
+        while len(seq.hashes) < full:
+            i = len(seq.hashes)
+            h = block_hash(seq.hashes[-1] if seq.hashes else None, seq.tokens[i * B:(i + 1) * B])
+            seq.hashes.append(h)
+            self._register(seq.block_table[i], h)
+
+    def add_tokens(self, seq: PagedSequence, token_ids) -> None:
+        """Declare the token ids of `seq`'s next positions (e.g. each decoded token fed), so that
+        blocks they fill can be reused by later prompts. Optional."""
+        self._live(seq)
+        seq.tokens.extend(check_tokens(self.config, token_ids))
+        self._register_full_blocks(seq)
+
+    def fork(self, seq: PagedSequence) -> PagedSequence:
+        """A second sequence with the same contents as `seq`, sharing every block (no copy yet)."""
+        self._live(seq)
+        n = len(seq)
+        child = self._new(PagedSequence(self, self._next_id, list(seq.block_table), [n] * self.config.n_layers,
+                                        list(seq.tokens), 0, list(seq.hashes)))
+        for block in child.block_table:
+            self._incref(block)
+        return child
+
+    def release(self, seq: PagedSequence) -> int:
+        """Give every block of `seq` back (reference count - 1; at 0 a block is free again).
+        Returns the number of blocks that became free. Releasing twice is a no-op."""
+        if seq.released:
+            return 0
+        self._live(seq)
+        freed = sum(self._decref(block) for block in seq.block_table)
+        seq.block_table, seq.lengths, seq.released = [], [0] * self.config.n_layers, True
+        del self.sequences[seq.seq_id]
+        return freed
+
+    def truncate(self, seq: PagedSequence, length: int) -> None:
+        """Forget every position of `seq` from `length` on (blocks past it are released). Also
+        repairs a sequence left inconsistent by an interrupted pass: truncate(min(seq.lengths))."""
+        self._live(seq)
+        if not 0 <= length <= min(seq.lengths):
+            raise ValueError(f"cannot truncate paged sequence {seq.seq_id} (lengths {seq.lengths}) to {length}")
+        B = self.block_size
+        keep = -(-length // B)
+        for block in seq.block_table[keep:]:
+            self._decref(block)
+        seq.block_table = seq.block_table[:keep]
+        if length % B and keep:  # the last block becomes partial: it no longer names a full prefix
+            last = seq.block_table[-1]
+            if self.refcount[last] == 1:
+                self._unregister(last)
+                self.fill[last] = length % B
+        seq.lengths = [length] * self.config.n_layers
+        seq.hashes = seq.hashes[:length // B]
+        seq.tokens = seq.tokens[:length]  # declared tokens past it are dropped too
 
     # ---------------------------------------------------------------------- views
     def stats(self) -> PoolStats:

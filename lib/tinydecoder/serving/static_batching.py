@@ -23,7 +23,7 @@ from ..core.model import Model
 from ..core.validate import int_at_least
 from ..decoding.sampling import greedy
 from .backends import ContiguousKV
-from .scheduler import DECODE, PREFILL, RequestResult, Schedule, Step, Work, _check_requests
+from .scheduler import DECODE, PREFILL, EngineStep, RequestResult, Schedule, Work, _check_requests
 
 
 def static_batches(requests, batch_size: int) -> list:
@@ -46,7 +46,7 @@ def run_static_batches(model: Model, requests, batch_size: int, *, sampler=greed
         started = {i for b in batches for i in b if results[i].admitted is not None}
         waiting = sum(1 for i, r in enumerate(requests) if r.arrival <= len(steps) and i not in started)
         wall = (time.perf_counter() - t0) if record_wall else None
-        steps.append(Step(len(steps), entries, waiting, running, None, wall, None))
+        steps.append(EngineStep(len(steps), entries, waiting, running, None, wall, None))
 
     for batch in batches:
         start = max(step, max(requests[i].arrival for i in batch))

@@ -99,8 +99,9 @@ def schedule_timeline(ax, schedule, *, names=None, title=None, annotate=True):
     """A Gantt chart of a scheduler.Schedule: one row per request, one column per engine step.
     Orange: a prefill chunk (its token count written in), blue: a decode step, light grey:
     arrived but waiting for admission, pale yellow: admitted but given no work that step,
-    ▼ its arrival, ★ the end of the step that chose its first token. Returns the codes drawn
-    (scheduler.timeline_codes)."""
+    ▼ above the step it arrives in, ★ inside the cell of the step that chose its first token
+    (its last prefill chunk). Step t is the cell from x = t to t + 1; its tick label sits at
+    the cell's centre. Returns the codes drawn (scheduler.timeline_codes)."""
     from ..serving.scheduler import DECODING, PREFILLING, STALLED, WAITING, timeline_codes
 
     codes = timeline_codes(schedule)
@@ -114,20 +115,20 @@ def schedule_timeline(ax, schedule, *, names=None, title=None, annotate=True):
                 continue
             ax.add_patch(Rectangle((t, i - 0.4), 1, 0.8, facecolor=c, edgecolor="white", linewidth=0.8,
                                    hatch="..." if codes[i, t] == WAITING else None))
-            if annotate and codes[i, t] == PREFILLING and n_steps <= 60:
-                ax.text(t + 0.5, i, str(sizes[(i, t)]), ha="center", va="center", fontsize=7, color="black")
         r = schedule.results[i]
-        ax.plot(r.request.arrival, i - 0.5, marker="v", color="black", markersize=6)  # arrives
-        ax.plot(r.first_token_step + 1, i, marker="*", color="crimson", markersize=11,  # chosen at
-                markeredgecolor="white", markeredgewidth=0.6)  # the end of that step
+        for t in range(n_steps):  # a chunk's size; in the first token's cell it moves left of the star
+            if annotate and codes[i, t] == PREFILLING and n_steps <= 60:
+                x = t + (0.3 if t == r.first_token_step else 0.5)
+                ax.text(x, i, str(sizes[(i, t)]), ha="center", va="center", fontsize=7, color="black")
+        ax.plot(r.request.arrival + 0.5, i - 0.5, marker="v", color="black", markersize=6)  # arrives
+        ax.plot(r.first_token_step + 0.72, i, marker="*", color="crimson", markersize=10,  # chosen in
+                markeredgecolor="white", markeredgewidth=0.6)  # that step's cell
     names = names or [r.request.name or f"r{i}" for i, r in enumerate(schedule.results)]
     ax.set_yticks(range(n_req), labels=[f"{n} ({len(r.request.prompt)}+{r.request.max_new_tokens})"
                                         for n, r in zip(names, schedule.results)])
     ax.set_ylim(n_req - 0.4, -0.75)
     ax.set_xlim(-0.3, n_steps + 0.3)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    step_ticks(ax, n_steps)
     ax.set_xlabel("engine step")
     ax.set_ylabel("request (prompt + new tokens)")
     ax.legend(handles=[Patch(facecolor="C1", label="prefill chunk (tokens)"), Patch(facecolor="C0", label="decode"),
@@ -139,6 +140,14 @@ def schedule_timeline(ax, schedule, *, names=None, title=None, annotate=True):
     if title:
         ax.set_title(title)
     return codes
+
+
+def step_ticks(ax, n_steps: int, max_ticks: int = 25):
+    """Label step t at the centre of its cell (x = t + 0.5), every step or every k-th one."""
+    every = max(1, -(-n_steps // max_ticks))
+    steps = np.arange(0, n_steps, every)
+    ax.set_xticks(steps + 0.5, labels=[str(t) for t in steps])
+    return steps
 
 
 def batch_token_bars(ax, schedule, *, title=None):
@@ -153,6 +162,7 @@ def batch_token_bars(ax, schedule, *, title=None):
         ax.axhline(schedule.token_budget, color="black", linestyle="--", linewidth=1,
                    label=f"token budget {schedule.token_budget}")
     ax.set_xlim(-0.3, len(schedule.steps) + 0.3)
+    step_ticks(ax, len(schedule.steps))
     ax.set_xlabel("engine step")
     ax.set_ylabel("tokens in batch")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)

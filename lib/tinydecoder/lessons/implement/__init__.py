@@ -7,7 +7,7 @@ runs the exercise's cases against it and prints one line per case.
     # PASS shape
     # FAIL large logits: subtract the row's max before exp ...
 
-Cases live in one module per chapter, `chNN.py`, each defining
+Cases live in one module per chapter (`ch02`, `ch04`, ...: `ch` and two digits), each defining
 `EXERCISES = {"name": [Case(name, hint, run), ...]}`; every such module of this package is found
 with pkgutil, so a chapter adds its exercises without touching this file. `run(fn)` returns True
 when the learner's `fn` passes; it may raise, which counts as a fail (the hint plus the
@@ -66,7 +66,7 @@ class Report:
 
 
 def exercises() -> dict:
-    """{exercise name: [Case, ...]} collected from every chNN module of this package."""
+    """{exercise name: [Case, ...]} collected from every chapter module (ch + two digits) here."""
     found = {}
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if not _CHAPTER.match(info.name):

