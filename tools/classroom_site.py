@@ -48,6 +48,8 @@ PARTS = {
     "I": "Part I — one request, step by step",
     "II": "Part II — speed and memory",
     "III": "Part III — serving many requests",
+    "IV": "Part IV — beyond one process",
+    "V": "Part V — what modern engines add",
 }
 # The course map by notebook slug (the name without its number), for notebooks whose first cell
 # does not yet say which part they belong to. What the first cell says wins.
@@ -56,9 +58,11 @@ COURSE_MAP = {
           "grouped_query_attention", "prefill_vs_decode", "kv_cache_reuse", "a_real_model",
           "sampling", "decoding_strategies"],
     "II": ["roofline", "flash_attention", "quantization", "long_context", "speculative_decoding"],
-    "III": ["kv_cache_capacity", "paged_cache", "prefix_and_chunked_prefill", "continuous_batching"],
+    "III": ["kv_cache_capacity", "paged_cache", "prefix_and_chunked_prefill", "continuous_batching", "openai_server"],
+    "IV": ["tensor_parallel", "disaggregated_prefill_decode"],
+    "V": ["mixture_of_experts", "structured_output"],
 }
-PART_RE = re.compile(r"Part\s+(III|II|I)\b\s*[—–-]")
+PART_RE = re.compile(r"Part\s+(III|II|IV|I|V)\b\s*[—–-]")
 LINK_RE = re.compile(r"""(\]\(\s*<?|href\s*=\s*["'])(\.?/?)([\w.-]+)\.ipynb(?=[#)"'>\s])""")
 
 NOTE_LIVE = ("Saved widget state: this is what the widget showed when the notebook last ran. "
@@ -332,8 +336,8 @@ def build_site(notebooks: list[Path], out_dir: Path, npm_cache: Path) -> Path:
     """Write out_dir/index.html, one page per notebook and out_dir/_static/; returns the index."""
     nbs = [nbformat.read(str(p), as_version=4) for p in notebooks]
     infos = [notebook_info(p, nb) for p, nb in zip(notebooks, nbs)]
-    order = {"I": 0, "II": 1, "III": 2}
-    pairs = sorted(zip(infos, nbs), key=lambda pair: (order.get(pair[0].part, 3), pair[0].stem))
+    order = {part: i for i, part in enumerate(PARTS)}
+    pairs = sorted(zip(infos, nbs), key=lambda pair: (order.get(pair[0].part, len(PARTS)), pair[0].stem))
     infos, nbs = [p[0] for p in pairs], [p[1] for p in pairs]
     html_names = {i.html_name for i in infos}
     if out_dir.exists():
