@@ -5,13 +5,6 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
-# The stored outputs were computed by numpy's OpenBLAS with its Haswell (AVX2) kernels on 2
-# threads. A few printed digits follow float32 rounding, which changes with the kernels and the
-# thread count (notebook 13's quantized-cache perplexities: on 1 thread, or with the AVX-512
-# kernels OpenBLAS picks on other CPUs, they differ in the 2nd-3rd decimal). The targets that run
-# the tests or refresh the outputs pin both, so another x86-64 machine reproduces them; the
-# kernels are pinned only where the CPU has AVX2. `make lab` is not pinned.
-PIN_BLAS := env OPENBLAS_NUM_THREADS=2 $(if $(shell grep -qsw avx2 /proc/cpuinfo && echo y),OPENBLAS_CORETYPE=Haswell)
 
 .PHONY: lab test test-browser lint unit nbval browser notebooks venv clean test-floors test-matrix
 
@@ -30,21 +23,21 @@ lab: $(STAMP)
 
 # What a learner runs: lint, the library tests and every notebook under strict nbval (no browser).
 test: $(STAMP) lint
-	$(PIN_BLAS) $(PY) -m pytest -q tests -m "not browser" $(NBVAL) $(NOTEBOOKS)
+	$(PY) -m pytest -q tests -m "not browser" $(NBVAL) $(NOTEBOOKS)
 
 # Every notebook opened in JupyterLab in headless Chromium (widgets render and answer), and the
 # static site in Chromium. Needs Debian's chromium; CI runs it after `make test`.
 test-browser: $(STAMP)
-	$(PIN_BLAS) $(PY) -m pytest -q tests -m browser
+	$(PY) -m pytest -q tests -m browser
 
 lint: $(STAMP)
 	$(PY) -m ruff check lib tests tools notebooks
 
 unit: $(STAMP)
-	$(PIN_BLAS) $(PY) -m pytest -q tests -m "not browser"
+	$(PY) -m pytest -q tests -m "not browser"
 
 nbval: $(STAMP)
-	$(PIN_BLAS) $(PY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
+	$(PY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
 
 browser: test-browser
 
@@ -62,7 +55,7 @@ test-matrix: $(STAMP)
 # One notebook: make notebooks NOTEBOOKS=notebooks/02_attention_by_hand.ipynb
 notebooks: $(STAMP)
 	for nb in $(NOTEBOOKS); do \
-	  $(PIN_BLAS) $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	  $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
 	    --ExecutePreprocessor.timeout=120 "$$nb" || exit 1; done
 
 clean:

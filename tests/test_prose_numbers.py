@@ -66,9 +66,16 @@ def quoted_numbers(markdown: str) -> set:
 
 
 def present(number: str, haystack: str) -> bool:
+    """The number is printed as it is, or a printed number rounds to it (prose "5.6x" for 5.57x)."""
     plain = number.replace(",", "")
-    return bool(re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", haystack) or
-                re.search(rf"(?<![\d.]){re.escape(plain)}(?![\d])", haystack.replace(",", "")))
+    if re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", haystack) or \
+            re.search(rf"(?<![\d.]){re.escape(plain)}(?![\d])", haystack.replace(",", "")):
+        return True
+    if "." not in plain:
+        return False
+    places = len(plain.split(".")[1])
+    printed = re.findall(r"(?<![\d.])\d+\.\d+", haystack.replace(",", ""))
+    return any(len(p.split(".")[1]) > places and f"{float(p):.{places}f}" == plain for p in printed)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -92,4 +99,5 @@ def test_prose_quotes_only_numbers_its_notebook_shows(path):
 
 def test_the_check_finds_a_quoted_measurement():
     assert quoted_numbers("a pass costs 2.66× one step, 17 rows at 40% and 1,536 units") == {"2.66", "40", "1,536"}
-    assert present("2.66", "cost 2.66x") and not present("2.66", "cost 2.667x") and present("1,536", "1536 units")
+    assert present("2.66", "cost 2.66x") and present("1,536", "1536 units") and present("5.6", "5.57x smaller")
+    assert not present("2.66", "cost 2.67x") and not present("5.6", "5.5x") and not present("40", "400 rows")
