@@ -39,6 +39,9 @@ TEXTS = dict(texts())
 
 def resolves(dotted: str) -> bool:
     parts = dotted.split(".")
+    as_path = PACKAGE.parent.joinpath(*parts)
+    if as_path.with_suffix(".py").is_file() or (as_path / "__init__.py").is_file():
+        return True  # a module of ours (its optional dependencies, e.g. the server's, may be absent)
     for i in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:i]))
