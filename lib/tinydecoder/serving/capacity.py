@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.config import Config
+from ..core.validate import positive_int
 
 # Bytes per stored number. "fp8"/"int8": 8-bit KV caches; "q4": a 4-bit cache (half a byte).
 DTYPE_BYTES = {
@@ -85,12 +86,6 @@ def bytes_per_element(dtype) -> float:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_BYTES)} (or pass bytes per element)") from None
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _positive_number(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not (math.isfinite(value) and value > 0):
@@ -111,10 +106,10 @@ class KVSpec:
 
     def __post_init__(self):
         for f in ("n_layers", "n_kv_heads", "head_dim"):
-            _positive_int(f, getattr(self, f))
+            positive_int(f, getattr(self, f))
         _positive_number("bytes_per_element", self.bytes_per_element)
         if self.n_heads is not None:
-            _positive_int("n_heads", self.n_heads)
+            positive_int("n_heads", self.n_heads)
             if self.n_heads % self.n_kv_heads:
                 raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
 
@@ -132,10 +127,10 @@ class KVSpec:
 
     def tokens_stored(self, context: int, block_size: int | None = None) -> int:
         """Positions a request of `context` tokens occupies: exact, or rounded up to whole blocks."""
-        context = _positive_int("context", context)
+        context = positive_int("context", context)
         if block_size is None:
             return context
-        block_size = _positive_int("block_size", block_size)
+        block_size = positive_int("block_size", block_size)
         return -(-context // block_size) * block_size
 
     def bytes_per_request(self, context: int, block_size: int | None = None) -> int:
@@ -182,14 +177,14 @@ def _from_hf(cfg: dict, dtype, name: str) -> KVSpec:
             raise ValueError(f"Hugging Face config is missing {key!r} (have: {sorted(cfg)})")
         return cfg[key]
 
-    n_layers = _positive_int("num_hidden_layers", need("num_hidden_layers"))
-    n_heads = _positive_int("num_attention_heads", need("num_attention_heads"))
+    n_layers = positive_int("num_hidden_layers", need("num_hidden_layers"))
+    n_heads = positive_int("num_attention_heads", need("num_attention_heads"))
     n_kv = cfg.get("num_key_value_heads")
-    n_kv = n_heads if n_kv is None else _positive_int("num_key_value_heads", n_kv)  # absent: MHA
+    n_kv = n_heads if n_kv is None else positive_int("num_key_value_heads", n_kv)  # absent: MHA
     if cfg.get("head_dim") is not None:
-        head_dim = _positive_int("head_dim", cfg["head_dim"])
+        head_dim = positive_int("head_dim", cfg["head_dim"])
     else:
-        hidden = _positive_int("hidden_size", need("hidden_size"))
+        hidden = positive_int("hidden_size", need("hidden_size"))
         if hidden % n_heads:
             raise ValueError(f"hidden_size ({hidden}) is not a multiple of num_attention_heads ({n_heads}); "
                              f"the config must give head_dim")
@@ -250,5 +245,5 @@ def sliding_window_kv_bytes(source, context: int, window: int, dtype=None, block
     """KV bytes of one request of `context` tokens when attention only looks back `window`
     positions (Mistral 7B's rolling buffer): the cache never holds more than `window` positions,
     so it is bytes_per_request(min(context, window))."""
-    context, window = _positive_int("context", context), _positive_int("window", window)
+    context, window = positive_int("context", context), positive_int("window", window)
     return kv_spec(source, dtype).bytes_per_request(min(context, window), block_size)
