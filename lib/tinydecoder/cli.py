@@ -52,7 +52,14 @@ def load_bench_model(name: str):
 def cmd_bench(args) -> int:
     from .serving.bench import format_report, run_bench
 
-    result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path)
+    prompts, stops = None, ()
+    if args.model == "smollm2" and args.path == "fast":  # speculative decoding needs text: notebook 15's prompts
+        from .checkpoint.smollm2 import IM_END_ID, smollm2_tokenizer
+        from .serving.bench_rows import speculative_prompts
+
+        prompts, stops = speculative_prompts(smollm2_tokenizer()), (IM_END_ID,)
+    result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path, prompts=prompts,
+                       stop_tokens=stops)
     result["malloc_keeps_freed_memory"] = args.malloc_kept
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     if args.malloc_kept and not args.json:

@@ -70,13 +70,21 @@ def test_wrong_shape_npy_is_rebuilt(cached, tiny_file, tmp_path, reference, caps
                                  "blk.0.ffn_norm.npy: holds float32 (3,), expected float32 (64,)")
 
 
-def test_down_projections_are_stored_in_fortran_order(cached):
-    """The decode step's matrix-vector product reads w_down [F, D] faster with each output's
-    weights contiguous (weights.FORTRAN_ORDER); every other matrix is C-ordered."""
-    for name in ("blk.0.ffn_down", "blk.1.ffn_down"):
+def test_every_matrix_is_stored_out_major(cached, tiny_file, tmp_path):
+    """Each output's weights lie together (Fortran order of the [in, out] shape, the GGUF's own
+    byte order), as core.skinny reads them; the norms are vectors; the loaded model's weights,
+    its embedding rows and its tied head keep that order (no copy on load)."""
+    for name, shape in [("blk.0.ffn_down", (CFG.d_ff, CFG.d_model)), ("blk.1.attn_qkv", None),
+                        ("blk.1.attn_output", None), ("blk.0.ffn_gate_up", (CFG.d_model, 2 * CFG.d_ff)),
+                        ("token_embd", (CFG.d_model, CFG.vocab_size))]:
         array = np.load(cached / f"{name}.npy", mmap_mode="r")
-        assert array.shape == (CFG.d_ff, CFG.d_model) and array.flags.f_contiguous and not array.flags.c_contiguous
-    assert np.load(cached / "blk.0.attn_qkv.npy", mmap_mode="r").flags.c_contiguous
+        assert array.flags.f_contiguous and not array.flags.c_contiguous, name
+        assert shape is None or array.shape == shape
+    assert np.load(cached / "blk.0.attn_norm.npy", mmap_mode="r").ndim == 1
+    model = load(tiny_file, tmp_path)
+    layer = model.layers[1]
+    assert all(w.flags.f_contiguous for w in (layer.w_qkv, layer.wo, layer.w_gate_up, layer.w_down, model.lm_head))
+    assert model.embed.flags.c_contiguous
 
 
 def test_c_ordered_down_projection_is_rebuilt(cached, tiny_file, tmp_path, reference, capsys):
@@ -88,11 +96,11 @@ def test_c_ordered_down_projection_is_rebuilt(cached, tiny_file, tmp_path, refer
 
 @pytest.mark.parametrize("damage, reason", [
     (lambda m: m.unlink(), "manifest.json: missing"),
-    (lambda m: m.write_text('{"format": 4, "conf'), "manifest.json: unreadable"),
-    (lambda m: m.write_text('{"format": 4, "config": {"d_model": -1}}'), "manifest.json: no valid config"),
-    (lambda m: m.write_text('{"format": 2}'), "manifest.json: format 2, this version reads format 4"),
-    (lambda m: m.write_text(m.read_text().replace('"format": 4', '"format": 3')),
-     "manifest.json: format 3, this version reads format 4"),  # a cache from before the down projections' order
+    (lambda m: m.write_text('{"format": 5, "conf'), "manifest.json: unreadable"),
+    (lambda m: m.write_text('{"format": 5, "config": {"d_model": -1}}'), "manifest.json: no valid config"),
+    (lambda m: m.write_text('{"format": 2}'), "manifest.json: format 2, this version reads format 5"),
+    (lambda m: m.write_text(m.read_text().replace('"format": 5', '"format": 4')),
+     "manifest.json: format 4, this version reads format 5"),  # a cache from before every matrix was out-major
 ])
 def test_damaged_or_outdated_manifest_is_rebuilt(cached, tiny_file, tmp_path, reference, capsys, damage, reason):
     damage(cached / "manifest.json")

@@ -10,6 +10,7 @@ import pytest
 
 import tinydecoder as td
 from tinydecoder.cli import main as cli_main
+from tinydecoder.decoding import speculative
 from tinydecoder.decoding.drafts import ModelDraft, PromptLookupDraft, early_exit_model, lookup, make_draft
 from tinydecoder.decoding.sampling import make_sampler
 from tinydecoder.decoding.speculative import (
@@ -103,9 +104,44 @@ def test_oracle_draft_all_accepted_and_wrong_guesses_rolled_back(rope_model):
     for wrong_after in (0, 2):
         cache_ok = []
         spec = speculative_generate(rope_model, prompt, 25, OracleDraft(11, plain.new_tokens, 5, wrong_after),
-                                    draft_tokens=4, on_step=lambda r: cache_ok.append(len(r.cache) == len(r.tokens) - 1))
+                                    draft_tokens=4, on_step=lambda r: cache_ok.append(len(r.cache) == len(r.tokens) - 1),
+                                    adaptive=False)
         assert spec.tokens == plain.tokens and all(cache_ok)
         assert set(spec.accepted_per_step[:-1]) == {wrong_after}
+        assert len(spec.steps[0].proposed) == len(spec.steps[5].proposed) == 4 and spec.paused_steps == 0  # fixed k
+
+
+def test_draft_length_follows_the_passes():
+    """All kept: +2 (up to k); a miss: -1 (down to 1); two all-rejected passes in a row: pause
+    4 passes, then 8, ...; a kept guess resets the pause."""
+    length = speculative.DraftLength(4)
+    seen = []
+    for proposed, accepted in [(4, 4), (4, 1), (3, 0), (2, 0)]:
+        seen.append(length.next())
+        assert seen[-1] == proposed
+        length.update(proposed, accepted)
+    assert [length.next() for _ in range(5)] == [0, 0, 0, 0, 1]  # paused 4 passes after two misses in a row
+    length.update(1, 0)
+    length.update(1, 0)
+    assert [length.next() for _ in range(9)] == [0] * 8 + [1]  # the second pause is twice as long
+    length.update(1, 1)  # kept: +2, and the next pause is short again
+    assert length.next() == 3
+    length.update(0, 0)  # a pass without guesses changes nothing
+    assert length.next() == 3
+
+
+def test_adaptive_drafting_stops_guessing_when_guesses_keep_failing(rope_model):
+    prompt = [1, 2, 3, 1, 2]
+    plain = td.generate(rope_model, prompt, 40)
+    wrong = OracleDraft(11, plain.new_tokens, 5, 0)  # always proposes, never right
+    fixed = speculative_generate(rope_model, prompt, 40, wrong, draft_tokens=4, adaptive=False)
+    adaptive = speculative_generate(rope_model, prompt, 40, wrong, draft_tokens=4)
+    assert adaptive.tokens == fixed.tokens == plain.tokens
+    assert fixed.draft_tokens_proposed >= 4 * (len(fixed.steps) - 4) and fixed.paused_steps == 0
+    assert adaptive.paused_steps > len(adaptive.steps) / 2  # most passes guess nothing
+    assert adaptive.draft_tokens_proposed < fixed.draft_tokens_proposed / 8
+    right = speculative_generate(rope_model, prompt, 25, OracleDraft(11, plain.new_tokens, 5), draft_tokens=4)
+    assert right.accepted_per_step == [4, 4, 4, 4, 3] and right.paused_steps == 0  # a right draft keeps its k
 
 
 def test_stop_token_inside_an_accepted_draft(rope_model):

@@ -108,7 +108,7 @@ def test_speed_functions_report_rates_of_the_median_timed_call(monkeypatch):
     from tinydecoder.serving import bench, machine
 
     model = toy_bench_model()
-    assert model.config.max_context == 1024 and model.dtype == np.float32
+    assert model.config.max_context == 4096 and model.dtype == np.float32
     ran = []
 
     def known_times(fn, repeat=5, warmup=1, after=None, before=None):
@@ -171,8 +171,16 @@ def test_cli_bench_json_for_the_toy(capsys):
     result = json.loads(capsys.readouterr().out)
     for key in ("bandwidth_gbps", "matmul_gflops"):
         assert result[key] > 0
-    for key in ("prefill_tokens_per_second", "decode_tokens_per_second", "decode_roof_fraction"):
-        assert set(result[key]) == {"128", "512"} and all(v > 0 for v in result[key].values())
+    assert set(result["prefill_tokens_per_second"]) == {"128", "512"}
+    for key in ("decode_tokens_per_second", "decode_roof_fraction"):
+        assert set(result[key]) == {"128", "512", "2048"} and all(v > 0 for v in result[key].values())
+    assert set(result["pass_cost"]) == {"128", "512"}
+    assert all(set(c) == {"2", "3", "4", "8"} and all(v > 0 for v in c.values()) for c in result["pass_cost"].values())
+    assert result["speculative_speedup"] is None  # the toy has no text to copy
+    targets = result["targets"]
+    assert "pass over 4 rows at context 128, in decode steps" in targets
+    t = targets["decode at context 2048, share of the bandwidth roof"]
+    assert t["target"] == ">= 0.7" and t["met"] == (t["measured"] >= 0.7)
     assert [row["batch"] for row in result["batch_decode"]] == [1, 2, 4, 8, 16, 32]
     for row in result["batch_decode"]:
         assert row["tokens_per_second"] > 0 and row["predicted_tokens_per_second"] > 0
@@ -187,8 +195,8 @@ def test_cli_bench_table_and_bad_model(capsys):
 
 
 def test_run_bench_small():
-    result = run_bench(toy_bench_model(), lengths=(8, 16), batch_sizes=(1, 2), batch_context=8, repeat=1,
-                       bandwidth_bytes=2**20, matmul_n=64)
+    result = run_bench(toy_bench_model(), lengths=(8, 16), decode_contexts=(8, 16), batch_sizes=(1, 2),
+                       batch_context=8, repeat=1, bandwidth_bytes=2**20, matmul_n=64)
     assert set(result["decode_tokens_per_second"]) == {"8", "16"}
     kv_per_position = toy_bench_model().config.kv_bytes_per_token(4)  # K and V, every layer, float32
     for c in (8, 16):
@@ -354,3 +362,32 @@ def test_h100_ridge_from_published_figures():
     from tinydecoder.serving.machine import H100_SXM
 
     assert round(ridge_point(H100_SXM["bandwidth_gbps"], H100_SXM["peak_gflops"])) == 295
+
+
+def test_pass_cost_is_each_rounds_ratio_to_a_one_row_step(toy, monkeypatch):
+    """pass_cost: the median over rounds of (n-row pass) / (the same round's 1-row step), the
+    cache rolled back after every pass; the targets beside each measurement."""
+    from tinydecoder.serving import bench_rows
+
+    clock = iter(np.arange(0.0, 1e6, 1.0))
+    widths = []
+    real = bench_rows.fast.forward
+
+    def fake_forward(model, ids, cache, last_only):
+        widths.append((len(ids), len(cache)))
+        real(model, ids, cache, last_only=last_only)
+        for _ in range(len(ids) - 1):  # an n-row pass "takes" n ticks of the fake clock
+            next(clock)
+
+    monkeypatch.setattr(bench_rows.time, "perf_counter", lambda: float(next(clock)))
+    monkeypatch.setattr(bench_rows.fast, "forward", fake_forward)
+    cost = bench_rows.pass_cost(toy, rows=(2, 4), contexts=(5, 3), repeat=2)
+    assert cost == {"3": {"2": 2.0, "4": 4.0}, "5": {"2": 2.0, "4": 4.0}}
+    assert all(past in (3, 5) for n, past in widths if n <= 4)  # every timed pass saw exactly its context
+    report = bench_rows.targets_report({"pass_cost": {"128": {"4": 1.4, "8": 2.1}},
+                                        "batch_decode": [{"batch": 16, "speedup_vs_batch_1": 6.5}],
+                                        "decode_roof_fraction": {"2048": 0.65}})
+    assert report["pass over 4 rows at context 128, in decode steps"]["met"] is True
+    assert report["pass over 8 rows at context 128, in decode steps"]["met"] is False
+    assert report["batch 16 tokens/s over batch 1"]["met"] is True
+    assert report["decode at context 2048, share of the bandwidth roof"]["met"] is False

@@ -41,7 +41,7 @@ from .gguf_file import (
 from .tokenizer import Tokenizer, tokenizer_from_gguf
 from .weights import array_order, array_shapes, write_weights
 
-CACHE_FORMAT = 4  # 4: the FFN down projections in Fortran order (see weights.FORTRAN_ORDER); 3 is rebuilt
+CACHE_FORMAT = 5  # 5: every matrix out-major (Fortran order, see weights.FORTRAN_ORDER); 3 and 4 are rebuilt
 # (the optional "files" hashes did not change the format: caches without them load as they are)
 MANIFEST = "manifest.json"
 

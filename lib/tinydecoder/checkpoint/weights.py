@@ -1,14 +1,15 @@
 """A GGUF's tensors laid out the way `forward` reads them, and the `Model` built on them.
 
 Orientation. A GGUF matrix comes out of `gguf` as (out, in), one row per output feature;
-tinydecoder computes x @ w with w of shape [in, out]. Every matrix keeps that shape, but not
-every one the same memory order: a decode step multiplies one row by each matrix, and numpy's
-matrix-vector product streams some matrices faster when each output's weights lie together
-(Fortran order: the (out, in) bytes of the file, seen as [in, out]). Measured here, 30 layers
-in a row, same bytes: the FFN's down projection [F, D] runs 1.6x faster in Fortran order;
-every other matrix within a few percent either way, so they stay in C order (see
-`FORTRAN_ORDER`). The embedding is stored [D, V] (C order) and `embed` is a [V, D] view of it,
-so that the tied output head `embed.T` is a C-contiguous [D, V] matrix. Q, K and V of a layer
+tinydecoder computes x @ w with w of shape [in, out]. Every matrix keeps that [in, out] shape and
+the file's memory order: Fortran order, "out-major", the in-weights of each output lying together.
+That is the order the fast path's few-rows kernel (`core.skinny`, with numba) reads: a decode
+step, a speculative check of a few guesses or a small batch reads each weight row once and uses it
+for every row of input. (Without numba, numpy's matrix-vector product runs a whole decode step
+about 1.2x slower in this order than in the mixed orders used before, measured on this machine;
+numba's kernel runs it ~0.85x of that older time; see `core.tunables`.) The embedding is a [V, D]
+C-contiguous table (`embed[ids]` gathers contiguous rows), and the tied output head `embed.T` is
+then out-major too. Q, K and V of a layer
 are stored side by side in one [D, (Hq + 2 Hkv) d] array and gate and up in one [D, 2F] array;
 `wq`, `wk`, `wv`, `w_gate`, `w_up` are views into them, so a decode step runs one matmul for
 each group (see `LayerWeights.w_qkv`). The weights exist once.
@@ -31,7 +32,7 @@ def array_shapes(cfg: Config) -> dict:
     """Cache array name -> shape, in tinydecoder's [in, out] layout, fused where it helps."""
     D, F = cfg.d_model, cfg.d_ff
     q_width, kv_width = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    shapes = {"token_embd": (D, cfg.vocab_size), "output_norm": (D,)}  # stored transposed, see below
+    shapes = {"token_embd": (D, cfg.vocab_size), "output_norm": (D,)}  # [D, V] out-major: bytes of [V, D]
     if not cfg.tied_embeddings:
         shapes["output"] = (D, cfg.vocab_size)
     for l in range(cfg.n_layers):
@@ -43,8 +44,8 @@ def array_shapes(cfg: Config) -> dict:
 
 
 # Arrays stored in Fortran order (their [in, out] shape unchanged): the (out, in) rows of the
-# file lie contiguous, which the matrix-vector product of a decode step reads faster for them.
-FORTRAN_ORDER = ("ffn_down",)
+# file lie contiguous, as `core.skinny.rows_times` reads them. Every matrix; the norms are vectors.
+FORTRAN_ORDER = ("token_embd", "output", "attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")
 
 
 def array_order(name: str) -> str:
@@ -94,9 +95,8 @@ def assemble_model(cfg: Config, arrays: dict) -> Model:
                            w_gate_up=arrays[f"blk.{l}.ffn_gate_up"], w_down=arrays[f"blk.{l}.ffn_down"],
                            attn_norm=arrays[f"blk.{l}.attn_norm"], ffn_norm=arrays[f"blk.{l}.ffn_norm"])
               for l in range(cfg.n_layers)]
-    # The embedding is stored [D, V] and used through its transpose: embed[ids] gathers rows of
-    # a [V, D] view (a few microseconds a token), while the tied head, embed.T, is then a
-    # contiguous [D, V] matrix, which a decode step's matrix-vector product reads ~1.5x faster.
+    # The embedding is stored [D, V] out-major and used through its transpose: embed[ids] gathers
+    # contiguous rows of a [V, D] C-ordered view, and the tied head, embed.T, is out-major.
     return Model(cfg, embed=arrays["token_embd"].T, layers=layers, final_norm=arrays["output_norm"],
                  lm_head=arrays.get("output"))
 

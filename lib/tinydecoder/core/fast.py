@@ -25,11 +25,12 @@ used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
-from . import tunables
+from . import one_query, skinny, tunables
 from .batch_cache import BatchKVCache  # noqa: F401 - forward_batch's batched cache, also fast.BatchKVCache
 from .cache import check_cache
 from .config import Config
@@ -144,12 +145,21 @@ def _attend_block(q, k, v, g):
 
 
 def project(x, w, out):
-    """out = x @ w for x [M, K], w [K, N] (as stored), choosing the BLAS call by M: one row is
-    a matrix-vector product (GEMV), which streams the weights; GEMV_ROWS rows run as that many
-    GEMVs; fewer than PAD_ROWS_TO rows are padded with zero rows to PAD_ROWS_TO (a zero row
-    changes no other row's result). Why these numbers: tunables.py."""
+    """out = x @ w for x [M, K], w [K, N] (as stored), choosing the kernel by M. Up to
+    SKINNY_ROWS rows of float32 times an out-major weight (SmolLM2's, `checkpoint.weights`) of at
+    least SKINNY_MIN_WEIGHTS weights run in `skinny.rows_times` when numba is installed: it reads
+    each weight once for all M rows.
+    Otherwise numpy's BLAS: one row is a matrix-vector product (GEMV), which streams the
+    weights; GEMV_ROWS rows run as that many GEMVs; fewer than PAD_ROWS_TO rows are padded with
+    zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
+    tunables.py."""
     M = x.shape[0]
-    if M in tunables.GEMV_ROWS:
+    if w.size >= tunables.SKINNY_MIN_WEIGHTS and skinny.fits(x, w):  # numba: BLAS held to one thread
+        if M <= tunables.SKINNY_ROWS:
+            skinny.rows_times(x, w, out)
+        else:
+            skinny.split_matmul(x, w, out)
+    elif M in tunables.GEMV_ROWS:
         for i in range(M):
             np.matmul(x[i], w, out=out[i])
     elif max(tunables.GEMV_ROWS) < M < tunables.PAD_ROWS_TO:
@@ -200,7 +210,9 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
             a, b = bounds[s], bounds[s + 1]
             k_all, v_all = cache.append(l, k[a:b], v[a:b])  # [T, Hkv, d]
             qa, qb = (a, b) if rows is None else (s, s + 1)
-            if qb - qa == 1 and len(k_all) >= ONE_QUERY_GEMM_FROM and k_all.flags.c_contiguous:
+            if qb - qa == 1 and one_query.fits(q[qa], k_all, v_all):
+                out[qa] = one_query.attend_last(q[qa], k_all, v_all)  # numba: the cache read once
+            elif qb - qa == 1 and len(k_all) >= ONE_QUERY_GEMM_FROM and k_all.flags.c_contiguous:
                 out[qa] = attend_one_query(q[qa], k_all, v_all)
             else:
                 out[qa:qb] = attend(q[None, qa:qb], k_all.transpose(1, 0, 2)[None], v_all.transpose(1, 0, 2)[None])
@@ -248,11 +260,13 @@ def _run(model: Model, ids, positions, attention, keep):
     buffers = _Buffers(cfg, N, x.dtype)
     if keep is not None and len(keep) == N:  # one new token per sequence: every row is kept
         keep = None
-    for l, layer in enumerate(model.layers):
-        rows = keep if l == cfg.n_layers - 1 else None
-        x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
-    h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, np.empty_like(x))
-    return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
+    numba = x.dtype == np.float32 and skinny.available()
+    with skinny.one_blas_thread() if numba else contextlib.nullcontext():  # numba's threads run the kernels
+        for l, layer in enumerate(model.layers):
+            rows = keep if l == cfg.n_layers - 1 else None
+            x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
+        h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, np.empty_like(x))
+        return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
 
 
 class _Buffers:
@@ -277,7 +291,9 @@ def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
         qkv = project(h, layer.w_qkv, buf.qkv)  # [N, (Hq + 2Hkv) d]
         q_rows, kv = qkv[:, :Hq * d], qkv[:, Hq * d:]
     else:  # queries of the kept rows only; keys and values of every row (they are cached)
-        q_rows, kv = h[rows] @ layer.w_qkv[:, :Hq * d], h @ layer.w_qkv[:, Hq * d:]
+        w_q, w_kv = layer.w_qkv[:, :Hq * d], layer.w_qkv[:, Hq * d:]
+        q_rows = project(h[rows], w_q, np.empty((len(rows), Hq * d), h.dtype))
+        kv = project(h, w_kv, np.empty((N, 2 * Hkv * d), h.dtype))
         x, buf = x[rows], _Buffers(cfg, len(rows), x.dtype)
     k, v = kv[:, :Hkv * d].reshape(N, Hkv, d), kv[:, Hkv * d:].reshape(N, Hkv, d)  # [N, Hkv, d] views
     q = q_rows.reshape(-1, Hq, d)  # [Nq, Hq, d]

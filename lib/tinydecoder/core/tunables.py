@@ -20,11 +20,23 @@ QUERY_BLOCK = 64
 # steps: 0.2 ms slower at 192-256 keys, 0.3 ms faster at 320, 0.8 ms at 512, 1.8 ms at 1024.
 ONE_QUERY_GEMM_FROM = 320
 
-# `fast.project`, a weight matrix times M rows. 2-3 rows cost less as 2-3 matrix-vector
+# `fast.project` with numba: up to this many rows of float32 times an out-major weight run in
+# `skinny.rows_times` (each weight read once for all rows); more rows in numpy's GEMM.
+SKINNY_ROWS = 32
+# ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
+# faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
+SKINNY_MIN_WEIGHTS = 1 << 16
+
+# `fast.project` without numba (or with C-ordered weights), a weight matrix times M rows. 2-3 rows cost less as 2-3 matrix-vector
 # products (the layer's 1-7 MB matrix is still in cache for the second row) than as one GEMM;
 # 4-7 rows cost ~15-30% less padded with zero rows to 8 (OpenBLAS's 8-row kernel) than as they are.
 GEMV_ROWS = (2, 3)
 PAD_ROWS_TO = 8
+
+# `machine.settle`: OpenBLAS's idle threads spin this long after a multi-threaded product (its
+# thread timeout, 2^28 cycles by default); numba kernels started meanwhile ran 2-6x slower, and
+# normally again after 0.2 s.
+BLAS_SPIN_SECONDS = 0.2
 
 # `machine.keep_freed_memory` (opt-in: bench and the command line): glibc keeps up to this much
 # freed heap, and serves allocations below MMAP_BYTES from it. A 500-token SmolLM2 prefill
@@ -33,5 +45,6 @@ PAD_ROWS_TO = 8
 TRIM_BYTES = 256 << 20
 MMAP_BYTES = 32 << 20
 
-TABLE = {"QUERY_BLOCK": QUERY_BLOCK, "ONE_QUERY_GEMM_FROM": ONE_QUERY_GEMM_FROM, "GEMV_ROWS": GEMV_ROWS,
-         "PAD_ROWS_TO": PAD_ROWS_TO, "TRIM_BYTES": TRIM_BYTES, "MMAP_BYTES": MMAP_BYTES}
+TABLE = {"SKINNY_ROWS": SKINNY_ROWS, "SKINNY_MIN_WEIGHTS": SKINNY_MIN_WEIGHTS, "QUERY_BLOCK": QUERY_BLOCK,
+         "ONE_QUERY_GEMM_FROM": ONE_QUERY_GEMM_FROM, "GEMV_ROWS": GEMV_ROWS,
+         "PAD_ROWS_TO": PAD_ROWS_TO, "BLAS_SPIN_SECONDS": BLAS_SPIN_SECONDS, "TRIM_BYTES": TRIM_BYTES, "MMAP_BYTES": MMAP_BYTES}

@@ -119,6 +119,45 @@ class Step:
         return self.proposed[:self.accepted] + [self.target_token]
 
 
+class DraftLength:
+    """How many guesses the next pass may carry, adapted from the passes so far, as serving
+    engines do (the length rule is Hugging Face's "heuristic" schedule for assistant models):
+
+    - every guess of a pass kept: the next pass may carry 2 more (up to k); otherwise 1 fewer
+      (down to 1), so a wrong guess costs a narrower pass next time;
+    - `patience` passes in a row whose guesses were all rejected: guess nothing for `pause`
+      passes (plain decode steps, which cost nothing extra), the pause doubling each time this
+      repeats (up to `max_pause`) until a guess is kept again.
+
+    A draft that is right keeps its k; one that is never right costs a few wide passes, then
+    almost none. Greedy output does not depend on it (the target decides every token), and with
+    sampling the rule stays exact (the length depends only on earlier passes)."""
+
+    def __init__(self, k: int, patience: int = 2, pause: int = 4, max_pause: int = 64):
+        self.k, self.patience, self.first_pause, self.max_pause = k, patience, pause, max_pause
+        self.length, self.misses, self.paused, self.pause = k, 0, 0, pause
+
+    def next(self) -> int:
+        """Guesses allowed in the next pass (0 while paused)."""
+        if self.paused:
+            self.paused -= 1
+            return 0
+        return self.length
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """After a pass that carried `proposed` guesses of which `accepted` were kept."""
+        if proposed == 0:
+            return
+        self.length = min(self.k, self.length + 2) if accepted == proposed else max(1, self.length - 1)
+        if accepted:
+            self.misses, self.pause = 0, self.first_pause
+            return
+        self.misses += 1
+        if self.misses >= self.patience:
+            self.paused, self.misses = self.pause, 0
+            self.pause = min(self.max_pause, 2 * self.pause)
+
+
 @dataclass
 class SpeculativeGeneration:
     tokens: list  # the prompt followed by the generated tokens
@@ -128,6 +167,7 @@ class SpeculativeGeneration:
     steps: list = field(default_factory=list)  # one Step per verification pass (not the prefill)
     target_forward_calls: int = 0  # the prefill plus one per Step
     cache: object = None  # the target's KV cache: always len(tokens) - 1 positions
+    paused_steps: int = 0  # passes in which DraftLength let the draft guess nothing (adaptive runs)
 
     @property
     def new_tokens(self) -> list:
@@ -159,7 +199,8 @@ class SpeculativeGeneration:
         return {"tokens": list(self.tokens), "prompt_length": self.prompt_length, "draft": self.draft_name,
                 "draft_tokens": self.draft_tokens, "draft_tokens_proposed": self.draft_tokens_proposed,
                 "draft_tokens_accepted": self.draft_tokens_accepted,
-                "target_forward_calls": self.target_forward_calls, "accepted_per_step": self.accepted_per_step}
+                "target_forward_calls": self.target_forward_calls, "accepted_per_step": self.accepted_per_step,
+                "paused_steps": self.paused_steps}
 
 
 def verify(logits, proposed: list, q, policy: Policy) -> tuple:
@@ -194,7 +235,8 @@ def _check_count(name: str, value, low: int = 1) -> int:
 
 def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="prompt-lookup", *,
                          draft_tokens: int = 4, sampler=None, temperature=None, top_k=None, top_p=None,
-                         seed=None, stop_tokens=(), on_token=None, on_step=None) -> SpeculativeGeneration:
+                         seed=None, stop_tokens=(), on_token=None, on_step=None,
+                         adaptive: bool = True) -> SpeculativeGeneration:
     """Generate up to `max_new_tokens` after `prompt` with a draft checked by `model`.
 
     draft: "prompt-lookup", "early-exit:L", a Model of the same vocabulary, or a draft object
@@ -202,7 +244,9 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
     that no pass yields more than max_new_tokens). Greedy by default (the same tokens as
     `generate`); sampler= a sampling.Sampler, or temperature/top_k/top_p/seed, samples with the
     speculative rule. Stops after a token in `stop_tokens`; `on_token(id)` streams each token,
-    `on_step(result)` is called after each verification pass (the cache already rolled back)."""
+    `on_step(result)` is called after each verification pass (the cache already rolled back).
+    adaptive (default): the guesses per pass follow `DraftLength` (fewer after a miss, none for a
+    while when guesses keep failing); adaptive=False: always up to k."""
     cfg = model.config
     max_new_tokens = _check_count("max_new_tokens", max_new_tokens)
     k = _check_count("draft_tokens (k, guesses per step)", draft_tokens)
@@ -228,11 +272,14 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
                 return True
         return len(tokens) - result.prompt_length >= max_new_tokens
 
+    length = DraftLength(k) if adaptive else None
     logits = fast.forward(model, tokens, cache, last_only=True)[-1]  # prefill: [V]
     result.target_forward_calls = 1
     done = emit([policy.pick(logits)[0]])
     while not done:
-        budget = min(k, max_new_tokens - (len(tokens) - result.prompt_length) - 1)
+        allowed = k if length is None else length.next()
+        result.paused_steps += allowed == 0
+        budget = min(allowed, max_new_tokens - (len(tokens) - result.prompt_length) - 1)
         proposed, q = draft.propose(list(tokens), budget, policy) if budget > 0 else ([], None)
         proposed = [int(t) for t in proposed[:budget]]
         if proposed:
@@ -240,6 +287,8 @@ def speculative_generate(model: Model, prompt, max_new_tokens: int, draft="promp
         logits = fast.forward(model, [tokens[-1]] + proposed, cache, last_only=not proposed)  # [n+1, V]
         result.target_forward_calls += 1
         accepted, token = verify(logits, proposed, q, policy)
+        if length is not None:
+            length.update(len(proposed), accepted)
         cache.truncate(len(tokens) + accepted)  # keeps [.., last, x_1..x_a]: len(tokens after) - 1
         step = Step(proposed, accepted, token)
         result.steps.append(step)

@@ -38,6 +38,7 @@ from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.
     paired_share,
     ridge_point,
     run_times,
+    settle,
 )
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -211,6 +212,8 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
             for c in ([timed_caches] if together else caches):
                 c.truncate(context)
 
+        if path == "fast":
+            settle()  # the previous batch's trace ran numpy's BLAS on several threads
         seconds = median_seconds(lambda: run(model, batch, timed_caches, last_only=True), steps, after=undo)
         row = {"batch": int(b), "tokens_per_second": b / seconds, "seconds": seconds}
         if bandwidth_gbps and peak_gflops:
@@ -237,17 +240,22 @@ def overhead_twin(model: Model, width: int = 8) -> Model:
 
 def toy_bench_model() -> Model:
     """The seed toy's shapes (D=8, 2 query heads, 1 KV head, 2 layers, vocab 6), float32
-    random weights, and a 1024-row position table so that the 512-token measurements fit."""
+    random weights, and a 4096-row position table so that the 2,048-token decode fits."""
     from ..core.toy import random_model, toy_config
 
-    cfg = dataclasses.replace(toy_config(), max_context=1024, name="toy-1024")
+    cfg = dataclasses.replace(toy_config(), max_context=4096, name="toy-4096")
     return random_model(cfg, seed=0, dtype=np.float32)
 
 
-def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batch_context: int = 128,
-              repeat: int = 3, bandwidth_bytes: int = 2**28, matmul_n: int = 2048, path: str = "fast") -> dict:
+def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 2048), batch_sizes=BATCH_SIZES,
+              batch_context: int = 128, repeat: int = 3, bandwidth_bytes: int = 2**28, matmul_n: int = 2048,
+              path: str = "fast", prompts=None, stop_tokens=()) -> dict:
     """Everything `python -m tinydecoder bench` prints, from one run (dict keys are strings
-    so that it serialises to JSON as is)."""
+    so that it serialises to JSON as is). Prefill at `lengths`, decode at `decode_contexts`, a
+    pass over 2-8 rows (bench_rows.pass_cost) after each of `lengths`; with `prompts`
+    ({"code": ids, "free": ids}, bench_rows.speculative_prompts), speculative decoding's speed-up."""
+    from .bench_rows import pass_cost, speculative_speedup, targets_report
+
     roofs = measure_bandwidth(bandwidth_bytes, repeat=max(3, repeat))
     probe = bandwidth_probe(bandwidth_bytes)
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
@@ -255,15 +263,20 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
     reference.forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
     flops_probe = matmul_probe(matmul_n)
     prefill = {n: prefill_speed(model, n, repeat, path, probe=flops_probe) for n in lengths}
-    cache = prefilled_cache(model, max(max(lengths), batch_context))
-    decode = decode_speed(model, lengths, steps=max(9, 3 * repeat), cache=cache, path=path, probe=probe)
+    cache = prefilled_cache(model, max(max(lengths), max(decode_contexts), batch_context))
+    settle()  # the prefills ran numpy's BLAS on several threads; the decode steps run numba's
+    decode = decode_speed(model, decode_contexts, steps=max(9, 3 * repeat), cache=cache, path=path, probe=probe)
+    costs = pass_cost(model, contexts=lengths, repeat=max(5, repeat), cache=cache) if path == "fast" else None
+    settle()
+    speculative = speculative_speedup(model, prompts, stop_tokens=stop_tokens, repeat=repeat) if prompts else None
+    settle()
     batch = batch_decode_speed(model, batch_sizes, batch_context, steps=repeat, cache=cache,
                                bandwidth_gbps=bw, peak_gflops=gflops, path=path)
     weights = model.nbytes
     base = batch[0]["tokens_per_second"] if batch and batch[0]["batch"] == 1 else None
     for row in batch:
         row["speedup_vs_batch_1"] = row["tokens_per_second"] / base if base else None
-    return {
+    result = {
         "model": model.config.name,
         "path": path,
         "weights_bytes": int(weights),
@@ -282,8 +295,23 @@ def run_bench(model: Model, *, lengths=(128, 512), batch_sizes=BATCH_SIZES, batc
         "decode_roof_fraction": {str(c): d["roof_fraction"] for c, d in decode.items()},
         "batch_context": int(batch_context),
         "batch_decode": batch,
+        "pass_cost": costs,
+        "speculative_speedup": None if speculative is None else {k: v["speedup"] for k, v in speculative.items()},
+        "speculative_runs": speculative,
         "repeat": int(repeat),
+        "kernels": kernels_in_use(model),
     }
+    result["targets"] = targets_report(result | {"speculative_speedup": speculative})
+    return result
+
+
+def kernels_in_use(model: Model) -> str:
+    """Which kernels the fast path runs a decode step with on this model (for the report)."""
+    from ..core import skinny
+
+    if model.dtype == np.float32 and skinny.available() and model.layers[0].w_qkv.flags.f_contiguous:
+        return "numba (core.skinny, core.one_query)"
+    return "numpy BLAS" + ("" if skinny.available() else " (numba not installed)")
 
 
 def format_report(result: dict) -> str:
@@ -309,7 +337,15 @@ def format_report(result: dict) -> str:
         pred = row.get("predicted_tokens_per_second")
         lines.append(f"{row['batch']:>6} {row['tokens_per_second']:12.1f} "
                      f"{'' if pred is None else f'{pred:12.1f}':>12} {row['speedup_vs_batch_1']:10.2f}")
-    return "\n".join(lines)
+    if result.get("pass_cost"):
+        lines += ["", "one pass over n rows, in decode steps (fast path, all rows' logits):"]
+        for c, costs in result["pass_cost"].items():
+            lines.append(f"  context {c:>5}: " + "  ".join(f"{n} rows {v:.2f}" for n, v in costs.items()))
+    for label, speedup in (result.get("speculative_speedup") or {}).items():
+        lines.append(f"speculative decoding (prompt lookup), {label} prompt: {speedup:.2f}x plain generate")
+    from .bench_rows import format_targets
+
+    return "\n".join(lines + [f"kernels: {result['kernels']}"] + format_targets(result))
 
 
 # ----------------------------------------------------------------------------- the roofline plot's data

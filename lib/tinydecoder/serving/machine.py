@@ -1,8 +1,9 @@
 """This machine's two roofs and the timers every measurement here uses.
 
 - Memory bandwidth: `bandwidth_probe` times one float32 matrix-vector product over a 268 MB
-  matrix (a decode step's access pattern: every weight read once); `measure_bandwidth` is its
-  best of a few runs (a roof is the best the machine does), with a plain copy beside it.
+  matrix (a decode step's access pattern: every weight read once), run as the fast path runs
+  it or as numpy does; `measure_bandwidth` is the best of a few runs of both (a roof is the best
+  the machine does), with a plain copy beside it. `settle` waits out numpy's spinning BLAS threads.
 - Matmul FLOP/s: `measure_matmul`, a float32 2048 x 2048 product, best of a few runs.
 - `gemm_times`: one weight matrix times M rows, numpy's matmul against the fast path's `project`.
 - `ridge_point`, `attainable_gflops`: the roofline from the two roofs; `H100_SXM` a GPU's
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-from ..core import fast, tunables
+from ..core import fast, skinny, tunables
 
 
 def attainable_gflops(intensity, bandwidth_gbps: float, peak_gflops: float):
@@ -70,19 +71,27 @@ def best_seconds(fn, repeat: int = 5, warmup: int = 1) -> float:
     return float(np.min(run_times(fn, repeat, warmup)))
 
 
-def bandwidth_probe(nbytes: int = 2**28):
+def bandwidth_probe(nbytes: int = 2**28, kernel: str = "fast"):
     """A callable that runs one float32 matrix-vector product x[1, K] @ W[K, N], W of `nbytes`
     (default 268 MB, far larger than any cache), and returns the GB/s it read W at: the access
     pattern of a decode step, which reads every weight once. W is allocated (every page
-    touched) when the probe is made, not when it runs."""
+    touched) when the probe is made, not when it runs. kernel="fast": W is out-major and the
+    product runs as the fast path runs a decode step's (`fast.project`: numba's kernel when it
+    is installed, numpy's otherwise); "numpy": numpy's matrix-vector product."""
+    if kernel not in ("fast", "numpy"):
+        raise ValueError(f"kernel must be 'fast' or 'numpy', got {kernel!r}")
     n = max(64, int(math.isqrt(nbytes // 4)))
-    w = np.full((n, n), 0.5, dtype=np.float32)  # [K, N]
+    w = np.full((n, n), 0.5, dtype=np.float32, order="F" if kernel == "fast" else "C")  # [K, N]
     x = np.ones((1, n), dtype=np.float32)
     y = np.empty((1, n), dtype=np.float32)
 
     def probe() -> float:
         start = time.perf_counter()
-        np.matmul(x, w, out=y)
+        if kernel == "fast":
+            with skinny.one_blas_thread():
+                fast.project(x, w, y)
+        else:
+            np.matmul(x, w, out=y)
         return w.nbytes / (time.perf_counter() - start) / 1e9
 
     probe.nbytes, probe.matrix = int(w.nbytes), w
@@ -91,16 +100,31 @@ def bandwidth_probe(nbytes: int = 2**28):
 
 def measure_bandwidth(nbytes: int = 2**28, repeat: int = 5) -> dict:
     """Memory bandwidth from `bandwidth_probe` (a decode step's access pattern), the fastest
-    of `repeat` runs after one warm-up (a roof is the best the machine does); also a plain
-    copy (read + write) for comparison.  -> {"bandwidth_gbps", "copy_gbps", "bytes", "seconds"}."""
-    probe = bandwidth_probe(nbytes)
-    probe()
-    best = max(probe() for _ in range(repeat))
+    of `repeat` runs after one warm-up, with numpy's product and with the fast path's, the
+    larger being the roof (a roof is the best the machine does); also a plain copy (read +
+    write) for comparison.  -> {"bandwidth_gbps", "by_kernel", "copy_gbps", "bytes", "seconds"}."""
+    by_kernel = {}
+    for kernel in ("numpy", "fast"):
+        probe = bandwidth_probe(nbytes, kernel)
+        probe()
+        by_kernel[kernel] = max(probe() for _ in range(repeat))
+        if kernel == "numpy":
+            settle()  # numpy's BLAS threads stop spinning before the fast path's kernel runs
+    best = max(by_kernel.values())
     w = probe.matrix  # the copy reads the probe's own matrix: one 268 MB source, not two
     dst = np.empty_like(w)
     copy_seconds = best_seconds(lambda: np.copyto(dst, w), repeat)
-    return {"bandwidth_gbps": best, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
+    return {"bandwidth_gbps": best, "by_kernel": by_kernel, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
             "bytes": probe.nbytes, "seconds": probe.nbytes / best / 1e9}
+
+
+def settle(seconds: float = tunables.BLAS_SPIN_SECONDS) -> None:
+    """Wait until numpy's BLAS threads have stopped spinning. After a product that OpenBLAS runs
+    on several threads, its idle threads keep their cores busy for ~0.1 s (OpenBLAS's thread
+    timeout); numba's kernels started in that time share those cores and run 2-6x slower
+    (measured on this 2-core machine). A benchmark settles before timing the fast path's
+    few-row passes; generation does not wait (its first decode steps after a prefill pay it)."""
+    time.sleep(seconds)
 
 
 def matmul_probe(n: int = 2048):

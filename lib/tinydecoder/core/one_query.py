@@ -1,0 +1,87 @@
+"""Attention of one new query over a long KV cache, reading the cache once: the decode step's
+attention in the fast path when numba is installed (`fast.forward` on float32 caches).
+
+A decode step at context T reads every cached key and value once: 2 * T * Hkv * d numbers per
+layer (SmolLM2 at T = 2,048: 3 MB a layer, 94 MB a step, a sixth of the weights). numpy's
+batched products (`fast.attend`, `fast.attend_one_query`) multiply a single query row at a low
+rate. Here each query head j walks the keys of its KV head once for the scores (numba), numpy
+turns them into weights (its exp is vectorised), and each head walks the values once (numba):
+
+    s_t = (q_j . k_t) / sqrt(d),   w_t = exp(s_t - max_t s_t) / sum_t exp(...),   out_j = sum_t w_t v_t
+
+The Hq query heads are split between numba's threads (the g heads that share a KV head read
+the same keys, mostly from cache). Same numbers as `ops.attention` for one query, up to the
+order of float32 sums (tests bound it).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import skinny
+
+PARTS = 4  # each KV head's positions are split in this many parts, one task each: 12 tasks balance 2-4 threads
+
+
+def fits(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
+    """Whether `attend_last(q, k, v)` applies: numba installed, float32, C-contiguous [T, Hkv, d] k and v."""
+    return (skinny.available() and q.dtype == k.dtype == v.dtype == np.float32 and q.ndim == 2 and k.ndim == 3
+            and k.shape == v.shape and k.flags.c_contiguous and v.flags.c_contiguous and q.shape[1] == k.shape[2]
+            and q.shape[0] % k.shape[1] == 0 and k.shape[0] > 0)
+
+
+def attend_last(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """One query position (the newest: it sees every cached position) of one sequence.
+    q: [Hq, d]; k, v: [T, Hkv, d] (the KVCache's own layout)  -> [1, Hq*d]."""
+    if not fits(q, k, v):
+        raise ValueError(f"attend_last needs float32 q [Hq, d] and C-contiguous float32 k, v [T, Hkv, d] with "
+                         f"Hq a multiple of Hkv, and numba; got q {q.dtype}{list(q.shape)}, "
+                         f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}")
+    Hq, d = q.shape
+    scores = np.empty((Hq, k.shape[0]), np.float32)  # [Hq, T]
+    skinny.compiled(_scores)(np.ascontiguousarray(q) * np.float32(1.0 / math.sqrt(d)), k, scores)
+    scores -= scores.max(axis=1, keepdims=True)
+    np.exp(scores, out=scores)  # numpy's vectorised exp (a scalar exp per score in numba costs more)
+    scores /= scores.sum(axis=1, keepdims=True)  # the weights
+    partial = np.empty((PARTS, Hq, d), np.float32)
+    skinny.compiled(_weighted_values)(scores, v, partial)
+    return partial.sum(axis=0).reshape(1, Hq * d)
+
+
+def _scores(q, k, scores):  # pragma: no cover - runs compiled by numba
+    """scores[j, t] = q[j] . k[t, j // g]: the keys read once, for the g query heads of each KV head.
+    Tasks: (KV head, a quarter of the positions), split between numba's threads."""
+    Hq, d = q.shape
+    T, Hkv = k.shape[0], k.shape[1]
+    g = Hq // Hkv
+    parts = PARTS
+    for task in prange(Hkv * parts):  # noqa: F821 - numba's prange, set by skinny.compiled
+        h, part = task // parts, task % parts
+        for t in range(part * T // parts, (part + 1) * T // parts):
+            kt = k[t, h]
+            for i in range(g):
+                qj = q[h * g + i]
+                s = np.float32(0.0)
+                for c in range(d):
+                    s += qj[c] * kt[c]
+                scores[h * g + i, t] = s
+
+
+def _weighted_values(weights, v, partial):  # pragma: no cover - runs compiled by numba
+    """partial[part, j] = sum over the part's positions t of weights[j, t] v[t, j // g]: the values
+    read once for the g query heads of each KV head. Tasks: (KV head, part of the positions)."""
+    parts, Hq, d = partial.shape
+    T, Hkv = v.shape[0], v.shape[1]
+    g = Hq // Hkv
+    for task in prange(Hkv * parts):  # noqa: F821
+        h, part = task // parts, task % parts
+        acc = np.zeros((g, d), np.float32)
+        for t in range(part * T // parts, (part + 1) * T // parts):
+            vt = v[t, h]
+            for i in range(g):
+                w = weights[h * g + i, t]
+                for c in range(d):
+                    acc[i, c] += w * vt[c]
+        for i in range(g):
+            partial[part, h * g + i] = acc[i]

@@ -1,0 +1,141 @@
+"""core/skinny.py: a few rows times an out-major weight, each weight read once (numba), and the
+fast path that uses it. The kernel is checked against float64 products (every remainder of its
+4-row and 2-output blocking, odd sizes, strided inputs); the fast path with it against the
+reference path on float32 models whose weights are NOT shared with the reference side, for
+decode, a few rows (speculative verification), batches of 2-40 rows and prefill; and the fast
+path without numba (hidden) against the same. Speed is never asserted (serving/bench.py measures it)."""
+import numpy as np
+import pytest
+
+import tinydecoder as td
+from tinydecoder.core import fast, one_query, reference, skinny, tunables
+from tinydecoder.core.model import LayerWeights, Model
+from tinydecoder.core.toy import random_model
+
+needs_numba = pytest.mark.skipif(not skinny.available(), reason="numba is not installed (the [fast] extra)")
+
+
+def config(n_kv_heads, position="rope", tied=True, norm_scale=True):
+    return td.Config(vocab_size=53, d_model=24, n_heads=6, n_kv_heads=n_kv_heads, head_dim=8, n_layers=3, d_ff=40,
+                     max_context=400, position=position, norm_eps=1e-5, norm_scale=norm_scale,
+                     tied_embeddings=tied, name="skinny-test")
+
+
+CONFIGS = {"gqa-rope": config(2), "mha-table-untied-no-norm-weight": config(6, "table", tied=False, norm_scale=False)}
+
+
+def tokens(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 53, n).tolist()
+
+
+@needs_numba
+@pytest.mark.parametrize("K, N", [(64, 96), (37, 5), (300, 1), (16, 2)])
+@pytest.mark.parametrize("M", list(range(1, 12)) + [16, 33])
+def test_rows_times_equals_the_product(K, N, M):
+    rng = np.random.default_rng(K * 100 + N * 10 + M)
+    w = np.asfortranarray(rng.standard_normal((K, N)).astype(np.float32))
+    x = rng.standard_normal((M, K + 3)).astype(np.float32)[:, 2:K + 2]  # a strided view
+    out = np.full((M, N), np.nan, np.float32)
+    assert skinny.rows_times(x, w, out) is out
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max() + 1e-6)
+
+
+@needs_numba
+def test_rows_times_refuses_what_it_cannot_read():
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(ValueError, match=r"out-major .*got x float32\[2, 8\], w float32\[8, 4\] C"):
+        skinny.rows_times(x, np.ones((8, 4), np.float32), np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="float64"):
+        skinny.rows_times(x.astype(np.float64), np.ones((8, 4), np.float32, order="F"), np.empty((2, 4)))
+    with pytest.raises(ValueError, match=r"C-contiguous float32 out of shape \[2, 4\], got float32\[2, 5\]"):
+        skinny.rows_times(x, np.ones((8, 4), np.float32, order="F"), np.empty((2, 5), np.float32))
+
+
+def float32_pair(name, seed=3):
+    """(reference side in float64, fast side: the same weights as float32 copies, every matrix
+    stored out-major as checkpoint.weights stores SmolLM2's; no array shared between them)."""
+    ref = random_model(CONFIGS[name], seed=seed, dtype=np.float64)
+
+    def f32(a):
+        return None if a is None else np.asfortranarray(a, np.float32) if a.ndim == 2 else a.astype(np.float32)
+
+    layers = [LayerWeights(**{k: f32(v) for k, v in layer.arrays().items()}) for layer in ref.layers]
+    mine = Model(ref.config, embed=np.ascontiguousarray(ref.embed, np.float32), layers=layers,
+                 final_norm=f32(ref.final_norm), pos_table=f32(ref.pos_table),
+                 lm_head=None if ref.config.tied_embeddings else f32(ref.lm_head))
+    return ref, mine
+
+
+def assert_float32_close(got, want):
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def kernel(request, monkeypatch):
+    """Run the test with the skinny kernel on every matrix (threshold 0), or with numba hidden."""
+    if request.param == "numba":
+        if not skinny.available():
+            pytest.skip("numba is not installed")
+        monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
+        calls = []
+        real = skinny.rows_times
+        monkeypatch.setattr(skinny, "rows_times", lambda x, w, out: calls.append(x.shape[0]) or real(x, w, out))
+        return calls
+    monkeypatch.setattr(skinny, "_HAVE_NUMBA", False)
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fast_path_with_and_without_numba_equals_reference(name, kernel):
+    ref, mine = float32_pair(name)
+    assert mine.lm_head.flags.f_contiguous and mine.layers[0].w_down.flags.f_contiguous
+    ids = tokens(40, seed=1)
+    want = reference.forward(ref, ids)
+    cache = mine.new_cache(64)
+    assert_float32_close(fast.forward(mine, ids[:30], cache), want[:30])  # prefill: more rows than SKINNY_ROWS
+    assert_float32_close(fast.forward(mine, ids[30:34], cache), want[30:34])  # 4 guesses checked at once
+    for i in range(34, 40):  # decode steps
+        assert_float32_close(fast.forward(mine, ids[i:i + 1], cache, last_only=True), want[i:i + 1])
+    if kernel is not None:  # numba ran the prefill's 30 rows, the 4-row check and the 1-row steps
+        assert {1, 4, 30} <= set(kernel)
+    rows = [tokens(n, seed=s) for s, n in enumerate([3, 1, 5, 2])]
+    for got, ids_s in zip(fast.forward_batch(mine, rows), rows):
+        assert_float32_close(got, reference.forward(ref, ids_s))
+
+
+@pytest.mark.parametrize("batch", [2, 8, 40])
+def test_batched_decode_with_the_kernel_equals_reference(batch, kernel):
+    ref, mine = float32_pair("gqa-rope")
+    prompts = [tokens(4, seed=10 + b) for b in range(batch)]
+    nxt = [tokens(1, seed=100 + b) for b in range(batch)]
+    caches = [mine.new_cache(8) for _ in range(batch)]
+    fast.forward_batch(mine, prompts, caches)
+    stacked = fast.BatchKVCache.stack(caches, extra=1)
+    got = fast.forward_batch(mine, nxt, stacked, last_only=True)
+    for b in range(batch):
+        assert_float32_close(got[b], reference.forward(ref, prompts[b] + nxt[b])[-1:])
+    if kernel is not None:
+        assert (batch in kernel) == (batch <= tunables.SKINNY_ROWS)
+
+
+@needs_numba
+@pytest.mark.parametrize("Hq, Hkv", [(9, 3), (4, 4), (6, 1)])
+@pytest.mark.parametrize("T", [1, 3, 130])
+def test_one_query_attention_equals_the_reference(Hq, Hkv, T):
+    """core.one_query.attend_last: the newest query over T cached positions, every head, as
+    ops.attention computes it (float64 reference on the same numbers)."""
+    from tinydecoder.core import ops
+
+    rng = np.random.default_rng(T * 10 + Hq)
+    d = 16
+    q = rng.standard_normal((Hq, d)).astype(np.float32)
+    k = rng.standard_normal((T, Hkv, d)).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, d)).astype(np.float32)
+    got = one_query.attend_last(q, k, v)
+    want = ops.attention(q[None].astype(np.float64), k.astype(np.float64), v.astype(np.float64))  # [1, Hq, d]
+    assert got.shape == (1, Hq * d)
+    np.testing.assert_allclose(got, want.reshape(1, Hq * d), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=rf"Hq a multiple of Hkv.*got q float64\[{Hq}, 16\]"):
+        one_query.attend_last(q.astype(np.float64), k, v)
