@@ -50,8 +50,9 @@ def test_verdict_bands():
 def test_explain_pass_cost_follows_the_measurement():
     slow = speculative_lab.explain_pass_cost({1: 0.02, 3: 0.054, 17: 0.06})
     assert "3 rows 2.70x" in slow and "17 rows 3.00x" in slow and "above the roofline" in slow
-    fast = speculative_lab.explain_pass_cost({1: 0.02, 3: 0.022, 5: 0.025})
-    assert "close to the roofline" in fast
+    assert "a pass over 17 rows cost 3.0 steps, less than 17 separate steps" in slow
+    fast = speculative_lab.explain_pass_cost({1: 0.02, 3: 0.022, 4: 0.025, 16: 0.07})
+    assert "up to 4 rows at most 1.25 steps, close to the roofline" in fast and "16 rows cost 3.5 steps" in fast
     with pytest.raises(ValueError, match="pass_s must be"):
         speculative_lab.explain_pass_cost({3: 0.1})
 

@@ -153,19 +153,23 @@ def measure_matmul(n: int = 2048, repeat: int = 3) -> dict:
 
 
 def gemm_times(k: int, n: int, rows=(1, 2, 3, 4, 8, 16, 32), repeat: int = 5) -> list:
-    """Median seconds of x[M, k] @ W[k, n] (float32) for each M in `rows`, as numpy's plain
-    matmul and as the fast path's `project` (which runs 2 or 3 rows as GEMVs and pads 4-7 rows
-    to 8). weights_gbps: W's bytes / seconds, the rate the weights stream at.
+    """Median seconds of x[M, k] @ W[k, n] (float32, W out-major as SmolLM2's weights are stored)
+    for each M in `rows`, as numpy's plain matmul and as the fast path's `project` (numba's kernel
+    when it is installed, reading W once for all M rows; else numpy's, with 2 or 3 rows as GEMVs and
+    4-7 rows padded to 8), each after the machine settled (`settle`). weights_gbps: W's bytes /
+    seconds, the rate the weights stream at.
     -> [{"rows", "plain_seconds", "project_seconds", "plain_weights_gbps", "project_weights_gbps"}]."""
     if any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1 for m in rows):
         raise ValueError(f"rows must be integers >= 1, got {rows!r}")
-    w = np.full((k, n), 0.5, dtype=np.float32)  # [k, n], every page touched
+    w = np.full((k, n), 0.5, dtype=np.float32, order="F")  # [k, n] out-major, every page touched
     out = []
     for m in rows:
         x = np.ones((m, k), dtype=np.float32)
         y = np.empty((m, n), dtype=np.float32)
+        settle()
+        with skinny.one_blas_thread():  # as fast.forward runs it
+            proj = median_seconds(lambda: fast.project(x, w, y), repeat)
         plain = median_seconds(lambda: np.matmul(x, w, out=y), repeat)
-        proj = median_seconds(lambda: fast.project(x, w, y), repeat)
         out.append({"rows": int(m), "plain_seconds": plain, "project_seconds": proj,
                     "plain_weights_gbps": w.nbytes / plain / 1e9, "project_weights_gbps": w.nbytes / proj / 1e9})
     return out
