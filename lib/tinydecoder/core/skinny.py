@@ -81,11 +81,15 @@ def split_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
         from concurrent.futures import ThreadPoolExecutor
 
         _pool = ThreadPoolExecutor(n, thread_name_prefix="tinydecoder-matmul")
-    cuts = np.linspace(0, w.shape[1], n + 1).astype(int)
-    parts = [_pool.submit(np.matmul, x, w[:, a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-    for (a, b), part in zip(zip(cuts[:-1], cuts[1:]), parts):
-        out[:, a:b] = part.result()
+    cuts = [w.shape[1] * i // n for i in range(n + 1)]
+    parts = [_pool.submit(_matmul_into, x, w[:, a:b], out[:, a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    for part in parts:
+        part.result()
     return out
+
+
+def _matmul_into(x, w, out):
+    np.matmul(x, w, out=out)  # out: a column block of the caller's array (BLAS writes it in place)
 
 
 def fits(x: np.ndarray, w: np.ndarray) -> bool:

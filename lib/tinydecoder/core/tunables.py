@@ -8,20 +8,25 @@ re-measures on their own machine knows what to compare.
 from __future__ import annotations
 
 MEASURED_ON = ("2 vCPUs of an AMD EPYC (family 26) virtual machine, numpy 2.4 with its bundled OpenBLAS "
-               "0.3.31 (Haswell kernels, 2 threads), November 2026")
+               "0.3.31 (2 threads), November 2026; the numba entries with numba 0.68, December 2026")
 
 # A long prefill attends in blocks of this many queries, each block against only the keys its
 # last query may see: the masked upper triangle of the S x T scores is mostly never computed,
 # and a block's scores ([Hq, 64, T]) stay small. 32-128 were within noise of each other.
 QUERY_BLOCK = 64
 
-# A single query over at least this many cached keys attends with `fast.attend_one_query` (two
-# GEMMs over all KV heads at once) instead of per-KV-head batched products. SmolLM2 decode
-# steps: 0.2 ms slower at 192-256 keys, 0.3 ms faster at 320, 0.8 ms at 512, 1.8 ms at 1024.
+# Without numba, a single query over at least this many cached keys attends with
+# `fast.attend_one_query` (two GEMMs over all KV heads at once) instead of per-KV-head batched
+# products. SmolLM2 decode steps: 0.2 ms slower at 192-256 keys, 0.3 ms faster at 320, 0.8 ms at
+# 512, 1.8 ms at 1024. With numba, `one_query.attend_last` at every length (at 2,048 keys: ~12 ms
+# a step for the 30 layers' attention, against ~15-30 ms for the GEMMs on one BLAS thread).
 ONE_QUERY_GEMM_FROM = 320
 
 # `fast.project` with numba: up to this many rows of float32 times an out-major weight run in
-# `skinny.rows_times` (each weight read once for all rows); more rows in numpy's GEMM.
+# `skinny.rows_times` (each weight read once for all rows); more rows in numpy's GEMM (split over
+# threads by `skinny.split_matmul`). SmolLM2's matrices, all 30 layers and the head, in decode
+# steps of one row (~15-25 ms here): 2 rows 0.9-1.1, 4 rows 1.1-1.4, 8 rows 1.8-2.4, 16 rows
+# 2.6-3.5, 32 rows 4.0-5.4, where numpy's GEMM took 6.5 (and 7.4 at 48 rows against numba's 8.3).
 SKINNY_ROWS = 32
 # ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
