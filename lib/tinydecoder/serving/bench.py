@@ -22,9 +22,9 @@ import dataclasses
 import numpy as np
 
 from ..core import fast, reference
-from ..core.cache import KVCache
 from ..core.model import Model
 from ..core.trace import Trace
+from .bench_rows import bench_tokens, cache_copy, prefilled_cache  # noqa: F401 - also bench.* (notebook 11, tests)
 from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.* by notebook 11
     H100_SXM,
     attainable_gflops,
@@ -98,12 +98,6 @@ def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_g
     return total
 
 
-def cache_copy(cache, extra: int = 1):
-    """A copy of `cache` with room for `extra` more positions, so that the next append does not
-    have to grow (copy) it again; a cache that is not a KVCache is copied with its .copy()."""
-    return cache.copy(extra) if isinstance(cache, KVCache) else cache.copy()
-
-
 def traced(model: Model, batch, caches, last_only=True) -> Trace:
     """Run the reference.forward_batch with a trace (attention weights not kept) on copies of the caches,
     so the caches passed in are left as they were."""
@@ -111,12 +105,6 @@ def traced(model: Model, batch, caches, last_only=True) -> Trace:
     copies = [None if c is None else cache_copy(c, len(ids)) for c, ids in zip(caches, batch)]
     reference.forward_batch(model, batch, copies, last_only=last_only, trace=trace)
     return trace
-
-
-def bench_tokens(model: Model, n: int, seed: int = 0) -> list:
-    """n deterministic token ids (what they say does not change the speed)."""
-    low = min(17, model.config.vocab_size - 1)  # past SmolLM2's control tokens when there are that many
-    return np.random.default_rng(seed).integers(low, model.config.vocab_size, size=n).tolist()
 
 
 def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str = "fast", probe=None) -> dict:
@@ -137,15 +125,6 @@ def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str =
         out["matmul_fraction"] = paired_share(flops, times, probes)
         out["matmul_gflops"] = float(np.median(probes))
     return out
-
-
-def prefilled_cache(model: Model, context: int):
-    """A cache holding `context` positions (prefilled in chunks of at most 512 rows)."""
-    ids = bench_tokens(model, context, seed=1)
-    cache = model.new_cache(context + 1)
-    for start in range(0, context, 512):
-        fast.forward(model, ids[start:start + 512], cache, last_only=True)
-    return cache
 
 
 def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str = "fast", probe=None) -> dict:

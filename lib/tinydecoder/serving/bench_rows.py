@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from ..core import fast
+from ..core.cache import KVCache
 from ..core.model import Model
 from ..decoding.generate import generate
 from ..decoding.speculative import speculative_generate
@@ -37,6 +38,27 @@ FREE_TEXT = "The history of the printing press"
 NEW_TOKENS = {"code": 40, "free": 32}
 
 
+def bench_tokens(model: Model, n: int, seed: int = 0) -> list:
+    """n deterministic token ids (what they say does not change the speed)."""
+    low = min(17, model.config.vocab_size - 1)  # past SmolLM2's control tokens when there are that many
+    return np.random.default_rng(seed).integers(low, model.config.vocab_size, size=n).tolist()
+
+
+def cache_copy(cache, extra: int = 1):
+    """A copy of `cache` with room for `extra` more positions, so that the next append does not
+    have to grow (copy) it again; a cache that is not a KVCache is copied with its .copy()."""
+    return cache.copy(extra) if isinstance(cache, KVCache) else cache.copy()
+
+
+def prefilled_cache(model: Model, context: int):
+    """A cache holding `context` positions (prefilled in chunks of at most 512 rows)."""
+    ids = bench_tokens(model, context, seed=1)
+    cache = model.new_cache(context + 1)
+    for start in range(0, context, 512):
+        fast.forward(model, ids[start:start + 512], cache, last_only=True)
+    return cache
+
+
 def speculative_prompts(tokenizer) -> dict:
     """{"code": chat-template ids of CODE_REQUEST, "free": ids of FREE_TEXT} for SmolLM2's tokenizer."""
     return {"code": tokenizer.encode_chat([{"role": "user", "content": CODE_REQUEST}]),
@@ -48,8 +70,6 @@ def pass_cost(model: Model, rows=PASS_ROWS, contexts=PASS_CONTEXTS, repeat: int 
     in decode steps, after each context length. -> {context: {n: median ratio}} (str keys, for JSON).
     `cache`: a cache holding at least max(contexts) positions (copied, not changed), else one is
     prefilled here."""
-    from .bench import bench_tokens, cache_copy, prefilled_cache
-
     rows = sorted(int(n) for n in rows)
     contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
     cache = prefilled_cache(model, contexts[0]) if cache is None else cache_copy(cache, max(rows))
