@@ -22,8 +22,13 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 # What a learner runs: lint, the library tests and every notebook under strict nbval (no browser).
+# Two pytest-xdist workers, one test file or notebook each at a time (--dist loadfile keeps a
+# notebook's cells in order in one kernel); one BLAS thread per worker, so that the two workers
+# do not fight over the cores (stored outputs do not depend on it: make test-matrix).
+XDIST := -n 2 --dist loadfile
+ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: $(STAMP) lint
-	$(PY) -m pytest -q tests -m "not browser" $(NBVAL) $(NOTEBOOKS)
+	$(ONE_THREAD) $(PY) -m pytest -q $(XDIST) tests -m "not browser" $(NBVAL) $(NOTEBOOKS)
 
 # Every notebook opened in JupyterLab in headless Chromium (widgets render and answer), and the
 # static site in Chromium. Needs Debian's chromium; CI runs it after `make test`.
