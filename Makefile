@@ -22,8 +22,14 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/
 
 # What a learner runs: lint, the library tests and every notebook under strict nbval (no browser).
+# Two pytest-xdist workers, one test file or notebook each at a time (--dist loadfile keeps a
+# notebook's cells in order in one kernel), taken in the order given: the notebooks (the longest
+# files) first, so that the last files to finish are short ones; one BLAS thread per worker, so
+# that the two workers do not fight over the cores (stored outputs do not depend on it: make test-matrix).
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: $(STAMP) lint
-	$(PY) -m pytest -q tests -m "not browser" $(NBVAL) $(NOTEBOOKS)
+	$(ONE_THREAD) $(PY) -m pytest -q $(XDIST) $(NBVAL) $(NOTEBOOKS) tests -m "not browser"
 
 # Every notebook opened in JupyterLab in headless Chromium (widgets render and answer), and the
 # static site in Chromium. Needs Debian's chromium; CI runs it after `make test`.
@@ -34,10 +40,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check lib tests tools notebooks
 
 unit: $(STAMP)
-	$(PY) -m pytest -q tests -m "not browser"
+	$(ONE_THREAD) $(PY) -m pytest -q $(XDIST) tests -m "not browser"
 
 nbval: $(STAMP)
-	$(PY) -m pytest -q $(NBVAL) $(NOTEBOOKS)
+	$(ONE_THREAD) $(PY) -m pytest -q $(XDIST) $(NBVAL) $(NOTEBOOKS)
 
 browser: test-browser
 

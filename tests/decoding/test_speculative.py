@@ -340,14 +340,15 @@ def test_smollm2_greedy_identical(smollm2):
 
     repeat = tok.encode_chat([{"role": "user", "content": "Repeat this code exactly:\n" + CODE}])
     free = tok.encode("The capital of France is")
-    for ids, n, runs in ((repeat, 24, [("prompt-lookup", 3), ("prompt-lookup", 6), ("early-exit:12", 2)]),
-                         (free, 12, [("prompt-lookup", 4), ("early-exit:20", 3)])):
+    runs = {}
+    for ids, n, drafts in ((repeat, 24, [("prompt-lookup", 3), ("prompt-lookup", 6), ("early-exit:12", 2)]),
+                           (free, 12, [("prompt-lookup", 4), ("early-exit:20", 3)])):
         plain = td.generate(model, ids, n, stop_tokens=(IM_END_ID,))
-        for draft, k in runs:
-            spec = speculative_generate(model, ids, n, draft, draft_tokens=k, stop_tokens=(IM_END_ID,))
+        for draft, k in drafts:
+            spec = runs[n, draft, k] = speculative_generate(model, ids, n, draft, draft_tokens=k, stop_tokens=(IM_END_ID,))
             assert spec.tokens == plain.tokens, (draft, k)
             assert len(spec.cache) == len(spec.tokens) - 1
-    spec = speculative_generate(model, repeat, 24, "prompt-lookup", draft_tokens=6, stop_tokens=(IM_END_ID,))
+    spec = runs[24, "prompt-lookup", 6]  # the code to repeat, drafted 6 tokens at a time
     assert spec.draft_tokens_accepted >= 8 and spec.target_forward_calls <= 16  # the copy is guessed
 
 
