@@ -27,7 +27,7 @@ lab: $(STAMP)
 # files) first, so that the last files to finish are short ones; one BLAS thread per worker, so
 # that the two workers do not fight over the cores (stored outputs do not depend on it: make test-matrix).
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
-ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+ONE_THREAD := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 NUMBA_NUM_THREADS=1
 test: $(STAMP) lint
 	$(ONE_THREAD) $(PY) -m pytest -q $(XDIST) $(NBVAL) $(NOTEBOOKS) tests -m "not browser"
 
