@@ -1,5 +1,8 @@
 """Real ranks under mpiexec: tensor parallelism and disaggregated serving on a small random model
 (seconds), the launcher's bounded failures, and the CLI. Skipped when mpi4py/mpiexec is missing."""
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -52,12 +55,28 @@ def test_a_degree_that_does_not_divide_fails_on_every_rank():
         run_ranks(2, "tinydecoder.parallel.tp:generate_rank", dict(model="small", prompt=[1, 2]), timeout=60)
 
 
-def test_launcher_reports_a_dead_rank_and_kills_a_hung_job():
+def test_launcher_reports_a_dead_rank_and_kills_a_hung_job(tmp_path):
     assert [r["rank"] for r in run_ranks(2, "tinydecoder.parallel.launch:hello", timeout=60)] == [0, 1]
     with pytest.raises(RankError, match="rank 1 of 2 died \\(exit code 3\\)"):
         run_ranks(2, "tinydecoder.parallel.launch:crash", dict(rank=1, code=3), timeout=60)
+    pid_file = tmp_path / "stalled.pid"
     with pytest.raises(RankTimeout, match="ran past its timeout of 2 s"):
-        run_ranks(2, "tinydecoder.parallel.launch:stall", dict(seconds=600), timeout=2)
+        run_ranks(2, "tinydecoder.parallel.launch:stall", dict(seconds=600, pid_file=str(pid_file)), timeout=2)
+    stalled = int(pid_file.read_text())  # the sleeping rank: killed too, not left for 600 s
+    for _ in range(50):
+        if not running(stalled):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the stalled rank (pid {stalled}) is still running after the timeout")
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (Linux /proc)."""
+    try:
+        return "(zombie)" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
     with pytest.raises(ValueError, match="module:function"):
         run_ranks(2, "no_colon")
 

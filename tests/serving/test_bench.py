@@ -391,3 +391,25 @@ def test_pass_cost_is_each_rounds_ratio_to_a_one_row_step(toy, monkeypatch):
     assert report["pass over 8 rows at context 128, in decode steps"]["met"] is False
     assert report["batch 16 tokens/s over batch 1"]["met"] is True
     assert report["decode at context 2048, share of the bandwidth roof"]["met"] is False
+
+
+def test_decode_trace_of_a_cut_model_predicts_what_the_whole_trace_does():
+    """bench.decode_trace traces a decode step on the first 2 blocks only; its layer 0, counted
+    once per layer, gives the whole model's roofline time and layer-0 intensities."""
+    from tinydecoder import Config
+    from tinydecoder.core.toy import random_model
+    from tinydecoder.serving import bench
+
+    cfg = Config(vocab_size=50, d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, n_layers=5, d_ff=24,
+                    max_context=64, position="rope", norm_eps=1e-5, name="five-layers")
+    model = random_model(cfg, seed=1, dtype=np.float32)
+    cache = bench.prefilled_cache(model, 9)
+    batch = [[3], [7], [11]]
+    whole = bench.traced(model, batch, [cache] * 3)
+    cut, layers = bench.decode_trace(model, batch, cache)
+    assert layers == 5 and {r.layer for r in cut.ops} == {None, 0, 1} and len(cache) == 9
+    for bw, peak in ((20.0, 100.0), (1.0, 1e6)):
+        assert bench.predicted_seconds(cut, 4, bw, peak, layers=layers) == \
+            pytest.approx(bench.predicted_seconds(whole, 4, bw, peak), rel=1e-12)
+    assert bench.decode_intensities_by_batch(model, cache, (1, 3)) == \
+        {b: bench.layer_intensities(bench.traced(model, batch[:b], [cache] * b), 4, 0) for b in (1, 3)}

