@@ -260,8 +260,8 @@ def _run(model: Model, ids, positions, attention, keep):
     buffers = _Buffers(cfg, N, x.dtype)
     if keep is not None and len(keep) == N:  # one new token per sequence: every row is kept
         keep = None
-    numba = x.dtype == np.float32 and skinny.available()
-    with skinny.one_blas_thread() if numba else contextlib.nullcontext():  # numba's threads run the kernels
+    use_numba = x.dtype == np.float32 and skinny.available()
+    with skinny.one_blas_thread() if use_numba else contextlib.nullcontext():  # numba's threads run the kernels
         for l, layer in enumerate(model.layers):
             rows = keep if l == cfg.n_layers - 1 else None
             x = _block(cfg, layer, l, x, tables, attention, rows, buffers)

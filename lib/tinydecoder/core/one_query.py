@@ -4,13 +4,14 @@ attention in the fast path when numba is installed (`fast.forward` on float32 ca
 A decode step at context T reads every cached key and value once: 2 * T * Hkv * d numbers per
 layer (SmolLM2 at T = 2,048: 3 MB a layer, 94 MB a step, a sixth of the weights). numpy's
 batched products (`fast.attend`, `fast.attend_one_query`) multiply a single query row at a low
-rate. Here each query head j walks the keys of its KV head once for the scores (numba), numpy
-turns them into weights (its exp is vectorised), and each head walks the values once (numba):
+rate. Here the keys are walked once for the scores (numba), `ops.softmax` turns them into
+weights (numpy's exp is vectorised), and the values are walked once for the output (numba):
 
     s_t = (q_j . k_t) / sqrt(d),   w_t = exp(s_t - max_t s_t) / sum_t exp(...),   out_j = sum_t w_t v_t
 
-The Hq query heads are split between numba's threads (the g heads that share a KV head read
-the same keys, mostly from cache). Same numbers as `ops.attention` for one query, up to the
+Each key or value row of a KV head is loaded once for the g query heads that read it; the work is
+split into tasks of (KV head, a PARTS-th of the positions) between numba's threads, and the
+parts' partial outputs are summed at the end. Same numbers as `ops.attention` for one query, up to the
 order of float32 sums (tests bound it).
 """
 from __future__ import annotations
@@ -20,7 +21,9 @@ import math
 import numpy as np
 
 from . import skinny
+from .ops import softmax
 
+prange = range  # numba.prange once compiled (skinny.compiled)
 PARTS = 4  # each KV head's positions are split in this many parts, one task each: 12 tasks balance 2-4 threads
 
 
@@ -41,11 +44,9 @@ def attend_last(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     Hq, d = q.shape
     scores = np.empty((Hq, k.shape[0]), np.float32)  # [Hq, T]
     skinny.compiled(_scores)(np.ascontiguousarray(q) * np.float32(1.0 / math.sqrt(d)), k, scores)
-    scores -= scores.max(axis=1, keepdims=True)
-    np.exp(scores, out=scores)  # numpy's vectorised exp (a scalar exp per score in numba costs more)
-    scores /= scores.sum(axis=1, keepdims=True)  # the weights
+    weights = softmax(scores)  # in numpy: a scalar exp per score in numba costs more
     partial = np.empty((PARTS, Hq, d), np.float32)
-    skinny.compiled(_weighted_values)(scores, v, partial)
+    skinny.compiled(_weighted_values)(weights, v, partial)
     return partial.sum(axis=0).reshape(1, Hq * d)
 
 
@@ -56,7 +57,7 @@ def _scores(q, k, scores):  # pragma: no cover - runs compiled by numba
     T, Hkv = k.shape[0], k.shape[1]
     g = Hq // Hkv
     parts = PARTS
-    for task in prange(Hkv * parts):  # noqa: F821 - numba's prange, set by skinny.compiled
+    for task in prange(Hkv * parts):
         h, part = task // parts, task % parts
         for t in range(part * T // parts, (part + 1) * T // parts):
             kt = k[t, h]
@@ -74,7 +75,7 @@ def _weighted_values(weights, v, partial):  # pragma: no cover - runs compiled b
     parts, Hq, d = partial.shape
     T, Hkv = v.shape[0], v.shape[1]
     g = Hq // Hkv
-    for task in prange(Hkv * parts):  # noqa: F821
+    for task in prange(Hkv * parts):
         h, part = task // parts, task % parts
         acc = np.zeros((g, d), np.float32)
         for t in range(part * T // parts, (part + 1) * T // parts):

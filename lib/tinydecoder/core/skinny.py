@@ -14,7 +14,7 @@ for a weight stored "out-major" (Fortran order: the K weights of output n lie to
 the GGUF file; `checkpoint.weights` stores every SmolLM2 matrix so). Each output n is a dot
 product of a contiguous weight row with every input row: the weight row is loaded once into
 cache and used by up to four rows at a time (four running sums per loaded weight), and the N
-outputs are split between threads. For four or more rows, two weight rows go together (eight
+outputs are split between threads. From PAIR_ROWS rows on, two weight rows go together (eight
 running sums), so each loaded input value also serves two outputs.
 
 It is compiled with numba on first use (cached on disk afterwards). Without numba,
@@ -44,7 +44,8 @@ _blas = None
 def one_blas_thread():
     """A context in which numpy's BLAS runs on one thread (threadpoolctl), for a pass that runs
     numba's kernels: two thread pools on the same cores otherwise wait on each other's spinning
-    threads (measured on 2 cores: decode steps 2-15x slower). Without threadpoolctl, a no-op."""
+    threads (measured on 2 cores: decode steps several times slower, see `serving.machine.settle`).
+    Without threadpoolctl, a no-op."""
     global _blas
     if _blas is None:
         try:
@@ -113,21 +114,19 @@ def rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-PAIR_ROWS = 8
-prange = range  # numba.prange once compiled: the loops it marks are split between threads
+PAIR_ROWS = 8  # from this many rows on, outputs go in pairs (measured: at 4 rows pairs were slower)
+prange = range  # numba.prange once compiled (see `compiled`): the loops it marks are split between threads
 _compiled = {}
 
 
 def compiled(fn):
     """`fn` compiled by numba (parallel, fastmath, cached on disk), once per process. The
-    functions it compiles are plain Python in this package; their `prange` loops run on
-    numba's threads."""
-    global prange
+    functions it compiles are plain Python in this package whose module binds `prange = range`;
+    compiled, their `prange` loops run on numba's threads."""
     if fn not in _compiled:
         import numba
 
-        prange = numba.prange
-        fn.__globals__["prange"] = numba.prange
+        fn.__globals__["prange"] = numba.prange  # the name the function's module reads
         _compiled[fn] = numba.njit(parallel=True, fastmath=True, cache=True)(fn)
     return _compiled[fn]
 
@@ -170,7 +169,7 @@ def _rows_times_rows(x, wt, out):  # pragma: no cover - runs compiled by numba
                 b0 += y[k] * b[k]
             out[m, n], out[m, n + 1] = a0, b0
             m += 1
-    for n in prange(2 * pairs, N):  # one output at a time: fewer than four rows, or N odd
+    for n in prange(2 * pairs, N):  # one output at a time: fewer than PAIR_ROWS rows, or N odd
         col = wt[n]
         m = 0
         while m + 4 <= M:

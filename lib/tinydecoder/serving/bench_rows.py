@@ -137,7 +137,7 @@ def targets_report(result: dict) -> dict:
                 goal = TARGETS["pass_cost"][n]
                 out[f"pass over {n} rows at context {c}, in decode steps"] = {
                     "measured": cost, "target": f"<= {goal}", "met": cost <= goal}
-    for label, run in (result.get("speculative_speedup") or {}).items():
+    for label, run in (result.get("speculative_runs") or {}).items():
         goal = TARGETS["speculative_speedup"][label]
         out[f"speculative speed-up, {label} prompt"] = {"measured": run["speedup"], "target": f">= {goal}",
                                                          "met": run["speedup"] >= goal and run["same_tokens"]}
