@@ -122,8 +122,10 @@ def settle(seconds: float = tunables.BLAS_SPIN_SECONDS) -> None:
     """Wait until numpy's BLAS threads have stopped spinning. After a product that OpenBLAS runs
     on several threads, its idle threads keep their cores busy for ~0.1 s (OpenBLAS's thread
     timeout); numba's kernels started in that time share those cores and run 2-6x slower
-    (measured on this 2-core machine). A benchmark settles before timing the fast path's
-    few-row passes; generation does not wait (its first decode steps after a prefill pay it)."""
+    (measured on this 2-core machine). The fast path never wakes them while numba is in use (it
+    holds BLAS to one thread and runs a prefill's products on Python threads, `skinny.split_matmul`);
+    a benchmark settles after numpy's own multi-threaded products (its probes, the reference
+    path's traces) before timing the fast path."""
     time.sleep(seconds)
 
 
