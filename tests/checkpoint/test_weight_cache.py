@@ -228,3 +228,27 @@ def test_cli_verify_a_cache_folder_and_a_missing_cache(cached, tmp_path, capsys,
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["verify", "--repair", "--record"])
     assert exit_info.value.code == 2
+
+
+# ---------------------------------------------------------------- two processes at once
+def test_a_second_process_waits_for_the_first_build_and_does_not_build_again(tiny_file, tmp_path):
+    """While one process builds the cache (holding its lock), a second one starting a load says
+    it waits, then finds the cache built: one build, not two, and no lock file left behind."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "cache" / gf.file_sha256(tiny_file)
+    code = ("import sys; from tinydecoder.checkpoint import gguf_loader as gl; "
+            f"m = gl.load_gguf_model({str(tiny_file)!r}, cache_root={str(tmp_path / 'cache')!r}); "
+            "print(m.config.n_layers)")
+    with store.build_lock(folder):
+        second = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        waiting = second.stderr.readline()  # printed before it blocks on the lock
+        assert waiting.startswith("tinydecoder: another process is building ") and "waiting" in waiting, waiting
+        store.build_cache(tiny_file, folder, progress=False)
+        assert second.poll() is None  # still waiting while the lock is held
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert out.strip() == str(CFG.n_layers) and "first load" not in err and "dequantising" not in err, err
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # the lock file is gone

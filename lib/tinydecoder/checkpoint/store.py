@@ -5,7 +5,8 @@ for `forward` (see `weights.py`), as a `.npy` file into a folder named by the GG
 (`$TINYDECODER_CACHE`, else `$XDG_CACHE_HOME/tinydecoder`, else `~/.cache/tinydecoder`), with
 the tokenizer (tokenizer.json, tokenizer_config.json) and a manifest.json. The folder is
 written under a temporary name and renamed when complete, so a crash never leaves half a
-cache. Later loads memory-map the `.npy` files (read-only; nothing is unpickled).
+cache, and under a lock (`build_lock`), so two processes loading at once build it once. Later
+loads memory-map the `.npy` files (read-only; nothing is unpickled).
 
 Damage. A load checks what it can without reading the weights: the manifest parses, every
 `.npy` file is there with the shape and dtype the config implies, and holds that many bytes
@@ -18,6 +19,7 @@ still load as they are; `record_hashes` adds the hashes of their current files.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -191,13 +193,45 @@ def load_cached_tokenizer(cache_dir) -> Tokenizer:
         raise CacheDamagedError(f"tokenizer files: unreadable ({type(exc).__name__}: {exc})") from None
 
 
+@contextlib.contextmanager
+def build_lock(cache_dir, progress: bool = True):
+    """Held while a process builds `cache_dir`, so that two processes starting at once (two
+    notebooks, two test workers) build it once: the second waits, then finds it built. An
+    exclusive lock on the file `.<name>.lock` beside the folder, removed by the process that held
+    it (POSIX; elsewhere no lock, and a second build is harmless: the first rename wins)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    cache_dir = Path(cache_dir)
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    path = cache_dir.parent / f".{cache_dir.name}.lock"
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"tinydecoder: another process is building {cache_dir}; waiting for it",
+                      file=sys.stderr, flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:  # removed while still held: a waiter holds it open, then finds the folder built
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino:  # not a newer process's lock
+                    path.unlink()
+
+
 def ensure_cache(path, *, expected_sha256: str | None = None, cache_root=None, progress: bool = True):
     """Verify the GGUF file and return (cache folder, manifest), building the cache if needed
     (and rebuilding it, with a line on stderr, if its manifest is damaged or outdated)."""
     sha256 = verify_sha256(path, expected_sha256)
     cache_dir = cache_dir_for(sha256, cache_root)
     if not cache_dir.exists():
-        build_cache(path, cache_dir, progress=progress, sha256=sha256)
+        with build_lock(cache_dir, progress):
+            if not cache_dir.exists():  # another process may have built it while this one waited
+                build_cache(path, cache_dir, progress=progress, sha256=sha256)
     else:
         try:
             return cache_dir, read_manifest(cache_dir)
