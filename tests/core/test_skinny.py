@@ -139,3 +139,34 @@ def test_one_query_attention_equals_the_reference(Hq, Hkv, T):
     np.testing.assert_allclose(got, want.reshape(1, Hq * d), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match=rf"Hq a multiple of Hkv.*got q float64\[{Hq}, 16\]"):
         one_query.attend_last(q.astype(np.float64), k, v)
+
+
+@needs_numba
+def test_the_first_call_of_a_kernel_runs_under_the_compile_lock_and_later_calls_do_not(monkeypatch):
+    """skinny.compiled: the first call (numba compiles, or loads its disk cache) holds the lock
+    that makes two processes starting at once compile once; later calls go straight to numba."""
+    import contextlib
+
+    taken = []
+
+    @contextlib.contextmanager
+    def lock():
+        taken.append("lock")
+        yield
+
+    def add_rows(x, out):  # a fresh function: nothing compiled for it yet
+        for i in prange(x.shape[0]):  # noqa: F821 - numba.prange, bound by skinny.compiled
+            out[i] = x[i] + 1.0
+
+    monkeypatch.setattr(skinny, "_compile_lock", lock)
+    monkeypatch.setattr(skinny, "_compiled", {})
+    x, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    first = skinny.compiled(add_rows)
+    first(x, out)
+    assert taken == ["lock"] and out.tolist() == [1.0, 2.0, 3.0, 4.0]
+    again = skinny.compiled(add_rows)
+    assert again is not first and hasattr(again, "signatures") and len(again.signatures) == 1  # numba's dispatcher
+    again(x * 2, out)
+    assert taken == ["lock"] and out.tolist() == [1.0, 3.0, 5.0, 7.0]
+    with skinny._compile_lock():  # the real lock: a file this process can take (and take again after)
+        pass

@@ -122,13 +122,40 @@ _compiled = {}
 def compiled(fn):
     """`fn` compiled by numba (parallel, fastmath, cached on disk), once per process. The
     functions it compiles are plain Python in this package whose module binds `prange = range`;
-    compiled, their `prange` loops run on numba's threads."""
+    compiled, their `prange` loops run on numba's threads. The first call compiles (seconds) or
+    loads numba's disk cache, under a lock shared by this user's processes: two processes
+    starting at once (two notebooks, two test workers) compile once, and the second loads."""
     if fn not in _compiled:
         import numba
 
         fn.__globals__["prange"] = numba.prange  # the name the function's module reads
-        _compiled[fn] = numba.njit(parallel=True, fastmath=True, cache=True)(fn)
+        dispatcher = numba.njit(parallel=True, fastmath=True, cache=True)(fn)
+
+        def first_call(*args):
+            with _compile_lock():
+                out = dispatcher(*args)
+            _compiled[fn] = dispatcher  # later calls go straight to numba
+            return out
+
+        _compiled[fn] = first_call
     return _compiled[fn]
+
+
+@contextlib.contextmanager
+def _compile_lock():
+    """An exclusive lock on a file in the temporary folder (POSIX; elsewhere no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: two processes may both compile, which is only slower
+        yield
+        return
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"tinydecoder-numba-{os.getuid()}.lock")
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield  # the lock goes with the file's closing
 
 
 def _kernel():
