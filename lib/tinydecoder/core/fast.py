@@ -145,20 +145,18 @@ def _attend_block(q, k, v, g):
 
 
 def project(x, w, out):
-    """out = x @ w for x [M, K], w [K, N] (as stored), choosing the kernel by M. Up to
-    SKINNY_ROWS rows of float32 times an out-major weight (SmolLM2's, `checkpoint.weights`) of at
-    least SKINNY_MIN_WEIGHTS weights run in `skinny.rows_times` when numba is installed: it reads
-    each weight once for all M rows.
+    """out = x @ w for x [M, K], w [K, N] (as stored), choosing the kernel. Float32 rows times an
+    out-major weight (SmolLM2's, `checkpoint.weights`) of at least SKINNY_MIN_WEIGHTS weights run
+    in `skinny.rows_times` when numba is installed, SKINNY_ROWS rows at a time: each block of
+    rows reads each weight once, and a block's rows stay in cache.
     Otherwise numpy's BLAS: one row is a matrix-vector product (GEMV), which streams the
     weights; GEMV_ROWS rows run as that many GEMVs; fewer than PAD_ROWS_TO rows are padded with
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
     tunables.py."""
     M = x.shape[0]
     if w.size >= tunables.SKINNY_MIN_WEIGHTS and skinny.fits(x, w):  # numba: BLAS held to one thread
-        if M <= tunables.SKINNY_ROWS:
-            skinny.rows_times(x, w, out)
-        else:
-            skinny.split_matmul(x, w, out)
+        for a in range(0, M, tunables.SKINNY_ROWS):
+            skinny.rows_times(x[a:a + tunables.SKINNY_ROWS], w, out[a:a + tunables.SKINNY_ROWS])
     elif M in tunables.GEMV_ROWS:
         for i in range(M):
             np.matmul(x[i], w, out=out[i])

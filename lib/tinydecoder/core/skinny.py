@@ -12,10 +12,12 @@ measurements). This kernel computes
 
 for a weight stored "out-major" (Fortran order: the K weights of output n lie together, as in
 the GGUF file; `checkpoint.weights` stores every SmolLM2 matrix so). Each output n is a dot
-product of a contiguous weight row with every input row: the weight row is loaded once into
-cache and used by up to four rows at a time (four running sums per loaded weight), and the N
-outputs are split between threads. From PAIR_ROWS rows on, two weight rows go together (eight
-running sums), so each loaded input value also serves two outputs.
+product of a contiguous weight row with every input row. A task takes OUTPUTS = 8 weight rows
+at once: they are loaded into cache once and stay there while every input row passes, and each
+input value loaded serves eight running sums (eight independent FMA chains, and eight streams
+from memory in flight). The tasks are split between threads.
+
+(tunables.py records what was measured.)
 
 It is compiled with numba on first use (cached on disk afterwards). Without numba,
 `available()` is False and the fast path uses numpy's BLAS for every product; the numbers are
@@ -57,40 +59,13 @@ def one_blas_thread():
     return _blas.limit(limits=1) if _blas else contextlib.nullcontext()
 
 
-_pool = None
-
-
 def threads() -> int:
-    """How many threads numba's kernels (and `split_matmul`) use: numba's setting, else 1."""
+    """How many threads numba's kernels use: numba's setting, else 1."""
     if not available():
         return 1
     import numba
 
     return int(numba.get_num_threads())
-
-
-def split_matmul(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out = x @ w as `threads()` numpy products over column blocks of w, run at once on a pool of
-    Python threads (numpy releases the GIL in a product), for the many-row products (a prefill)
-    of a pass that holds numpy's BLAS to one thread (`one_blas_thread`): the cores are used
-    without waking BLAS threads that would then spin. -> out."""
-    global _pool
-    n = threads()
-    if n == 1 or w.shape[1] < 2 * n:
-        return np.matmul(x, w, out=out)
-    if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(n, thread_name_prefix="tinydecoder-matmul")
-    cuts = [w.shape[1] * i // n for i in range(n + 1)]
-    parts = [_pool.submit(_matmul_into, x, w[:, a:b], out[:, a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
-    for part in parts:
-        part.result()
-    return out
-
-
-def _matmul_into(x, w, out):
-    np.matmul(x, w, out=out)  # out: a column block of the caller's array (BLAS writes it in place)
 
 
 def fits(x: np.ndarray, w: np.ndarray) -> bool:
@@ -114,7 +89,7 @@ def rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-PAIR_ROWS = 8  # from this many rows on, outputs go in pairs (measured: at 4 rows pairs were slower)
+OUTPUTS = 8  # outputs computed together: each loaded input value serves eight weight rows
 prange = range  # numba.prange once compiled (see `compiled`): the loops it marks are split between threads
 _compiled = {}
 
@@ -166,63 +141,31 @@ def _rows_times_rows(x, wt, out):  # pragma: no cover - runs compiled by numba
     """out[m, n] = x[m] . wt[n] for x [M, K], wt [N, K] (both C-contiguous)."""
     M, K = x.shape
     N = wt.shape[0]
-    pairs = N // 2 if M >= PAIR_ROWS else 0  # with PAIR_ROWS or more rows, outputs go two at a time
-    for p in prange(pairs):  # two outputs x four rows: eight running sums per step of k
-        n = 2 * p
-        a, b = wt[n], wt[n + 1]
-        m = 0
-        while m + 4 <= M:
-            x0, x1, x2, x3 = x[m], x[m + 1], x[m + 2], x[m + 3]
-            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-            for k in range(K):
-                u, v = a[k], b[k]
-                y0, y1, y2, y3 = x0[k], x1[k], x2[k], x3[k]
-                a0 += y0 * u
-                a1 += y1 * u
-                a2 += y2 * u
-                a3 += y3 * u
-                b0 += y0 * v
-                b1 += y1 * v
-                b2 += y2 * v
-                b3 += y3 * v
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = a0, a1, a2, a3
-            out[m, n + 1], out[m + 1, n + 1], out[m + 2, n + 1], out[m + 3, n + 1] = b0, b1, b2, b3
-            m += 4
-        while m < M:  # the rows left over (M not a multiple of 4)
+    blocks = N // OUTPUTS
+    for p in prange(blocks):  # eight outputs (eight weight rows) per task
+        n = OUTPUTS * p
+        w0, w1, w2, w3, w4, w5, w6, w7 = wt[n], wt[n + 1], wt[n + 2], wt[n + 3], wt[n + 4], wt[n + 5], wt[n + 6], wt[n + 7]
+        for m in range(M):  # the eight rows stay in cache while every input row passes
             y = x[m]
-            a0 = b0 = np.float32(0.0)
+            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
             for k in range(K):
-                a0 += y[k] * a[k]
-                b0 += y[k] * b[k]
-            out[m, n], out[m, n + 1] = a0, b0
-            m += 1
-    for n in prange(2 * pairs, N):  # one output at a time: fewer than PAIR_ROWS rows, or N odd
+                v = y[k]
+                s0 += v * w0[k]
+                s1 += v * w1[k]
+                s2 += v * w2[k]
+                s3 += v * w3[k]
+                s4 += v * w4[k]
+                s5 += v * w5[k]
+                s6 += v * w6[k]
+                s7 += v * w7[k]
+            out[m, n], out[m, n + 1], out[m, n + 2], out[m, n + 3] = s0, s1, s2, s3
+            out[m, n + 4], out[m, n + 5], out[m, n + 6], out[m, n + 7] = s4, s5, s6, s7
+    for n in prange(OUTPUTS * blocks, N):  # the last N % 8 outputs, one at a time
         col = wt[n]
-        m = 0
-        while m + 4 <= M:
-            x0, x1, x2, x3 = x[m], x[m + 1], x[m + 2], x[m + 3]
-            s0 = s1 = s2 = s3 = np.float32(0.0)
-            for k in range(K):
-                c = col[k]
-                s0 += x0[k] * c
-                s1 += x1[k] * c
-                s2 += x2[k] * c
-                s3 += x3[k] * c
-            out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = s0, s1, s2, s3
-            m += 4
-        while m + 2 <= M:
-            x0, x1 = x[m], x[m + 1]
-            s0 = s1 = np.float32(0.0)
-            for k in range(K):
-                c = col[k]
-                s0 += x0[k] * c
-                s1 += x1[k] * c
-            out[m, n], out[m + 1, n] = s0, s1
-            m += 2
-        if m < M:
+        for m in range(M):
             y = x[m]
-            s0 = np.float32(0.0)
+            s = np.float32(0.0)
             for k in range(K):
-                s0 += y[k] * col[k]
-            out[m, n] = s0
+                s += y[k] * col[k]
+            out[m, n] = s
     return out

@@ -7,7 +7,7 @@ re-measures on their own machine knows what to compare.
 """
 from __future__ import annotations
 
-MEASURED_ON = ("2 vCPUs of an AMD EPYC (family 26) virtual machine, numpy 2.4 with its bundled OpenBLAS "
+MEASURED_ON = ("2 vCPUs of an AMD EPYC (family 26, Zen 5) virtual machine, numpy 2.4 with its bundled OpenBLAS "
                "0.3.31 (2 threads), November 2026; the numba entries with numba 0.68, December 2026")
 
 # A long prefill attends in blocks of this many queries, each block against only the keys its
@@ -22,12 +22,16 @@ QUERY_BLOCK = 64
 # a step for the 30 layers' attention, against ~15-30 ms for the GEMMs on one BLAS thread).
 ONE_QUERY_GEMM_FROM = 320
 
-# `fast.project` with numba: up to this many rows of float32 times an out-major weight run in
-# `skinny.rows_times` (each weight read once for all rows); more rows in numpy's GEMM (split over
-# threads by `skinny.split_matmul`). SmolLM2's matrices, all 30 layers and the head, in decode
-# steps of one row (~15-25 ms here): 2 rows 0.9-1.1, 4 rows 1.1-1.4, 8 rows 1.8-2.4, 16 rows
-# 2.6-3.5, 32 rows 4.0-5.4, where numpy's GEMM took 6.5 (and 7.4 at 48 rows against numba's 8.3).
-SKINNY_ROWS = 32
+# `fast.project` with numba: float32 rows times an out-major weight run in `skinny.rows_times`, this
+# many rows at a time (each block reads the weights once; its rows stay in cache). SmolLM2's
+# matrices, all 30 layers and the head, 2 threads, in ms, the kernel against numpy's GEMM (split
+# over two threads): 1 row 16 / 37, 8 rows 33 / 54, 32 rows 41 / 87, 64 rows 74 / 128, 100 rows
+# 124 / 176, 500 rows 751 / 1053 in one block, 564 in blocks of 64 (128: 687, 256: 606).
+# Against one row: 2 rows 1.1-1.2, 4 rows 1.2-1.4, 8 rows 1.5-1.7, 16 rows 2.1-2.5, 32 rows 3.1-3.8.
+# Eight outputs at a time (skinny.OUTPUTS) against the kernel before it (one output, up to four
+# rows at a time): 1 row 13-17 ms against 18-23, 8 rows 23-25 against 37-42, 32 rows 50-59
+# against 79-90; 4 or 16 outputs at a time, or 2 rows at a time, were slower.
+SKINNY_ROWS = 64
 # ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
 SKINNY_MIN_WEIGHTS = 1 << 16

@@ -123,7 +123,7 @@ def settle(seconds: float = tunables.BLAS_SPIN_SECONDS) -> None:
     on several threads, its idle threads keep their cores busy for ~0.1 s (OpenBLAS's thread
     timeout); numba's kernels started in that time share those cores and run 2-6x slower
     (measured on this 2-core machine). The fast path never wakes them while numba is in use (it
-    holds BLAS to one thread and runs a prefill's products on Python threads, `skinny.split_matmul`);
+    holds BLAS to one thread, and its products run in numba, `skinny.rows_times`);
     a benchmark settles after numpy's own multi-threaded products (its probes, the reference
     path's traces) before timing the fast path."""
     time.sleep(seconds)
