@@ -174,3 +174,31 @@ def test_the_first_call_of_a_kernel_runs_under_the_compile_lock_and_later_calls_
     assert taken == ["lock"] and out.tolist() == [1.0, 3.0, 5.0, 7.0]
     with skinny._compile_lock():  # the real lock: a file this process can take (and take again after)
         pass
+
+
+@needs_numba
+@pytest.mark.parametrize("B, Hq, Hkv", [(1, 9, 3), (5, 4, 4), (3, 6, 1)])
+@pytest.mark.parametrize("T", [1, 7, 130])
+def test_batched_one_query_attention_equals_the_reference_and_reads_only_t_positions(B, Hq, Hkv, T):
+    """core.one_query.attend_last_batch: each sequence's newest query over its first T positions
+    of a [B, Hkv, capacity, d] buffer, as ops.attention computes it (float64, per sequence); the
+    positions past T hold NaN, so reading any of them would show."""
+    from tinydecoder.core import ops
+
+    rng = np.random.default_rng(T * 100 + B * 10 + Hq)
+    d, capacity = 16, T + 5
+    q = rng.standard_normal((B, Hq, d)).astype(np.float32)
+    k = np.full((B, Hkv, capacity, d), np.nan, np.float32)
+    v = np.full((B, Hkv, capacity, d), np.nan, np.float32)
+    k[:, :, :T] = rng.standard_normal((B, Hkv, T, d))
+    v[:, :, :T] = rng.standard_normal((B, Hkv, T, d))
+    got = one_query.attend_last_batch(q, k, v, T)
+    assert got.shape == (B, Hq * d)
+    for b in range(B):
+        want = ops.attention(q[b][None].astype(np.float64), k[b, :, :T].transpose(1, 0, 2).astype(np.float64),
+                             v[b, :, :T].transpose(1, 0, 2).astype(np.float64))  # [1, Hq, d]
+        np.testing.assert_allclose(got[b], want.reshape(Hq * d), rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match=r"0 < T <= capacity.*T=0"):
+        one_query.attend_last_batch(q, k, v, 0)
+    with pytest.raises(ValueError, match=r"C-contiguous float32 k, v"):
+        one_query.attend_last_batch(q, k[:, :, :T], v[:, :, :T], T)  # a view: not the cache's own array

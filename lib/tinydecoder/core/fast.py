@@ -239,9 +239,13 @@ def _forward_stacked(model: Model, ids, cache: BatchKVCache, last_only: bool) ->
     def attention(l, q, k, v, rows):
         Hkv, d = cfg.n_kv_heads, cfg.head_dim
         k_all, v_all = cache.append(l, k.reshape(B, S, Hkv, d), v.reshape(B, S, Hkv, d))  # [B, Hkv, T, d]
-        if rows is None:
+        if rows is None and S > 1:
             return attend(q.reshape(B, S, *q.shape[1:]), k_all, v_all)
-        return attend(q.reshape(B, 1, *q.shape[1:]), k_all, v_all)  # the last query of each sequence
+        # one query per sequence (a decode step, or the kept last rows): q [B, Hq, d]
+        T = k_all.shape[2]
+        if one_query.fits_batch(q, cache.k[l], cache.v[l], T):  # numba: each sequence's K, V read once
+            return one_query.attend_last_batch(q, cache.k[l], cache.v[l], T)
+        return attend(q.reshape(B, 1, *q.shape[1:]), k_all, v_all)
 
     keep = np.arange(S - 1, B * S, S) if last_only else None
     logits = _run(model, np.concatenate(ids), positions, attention, keep)
