@@ -82,8 +82,8 @@ def kernel(request, monkeypatch):
         monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
         monkeypatch.setattr(tunables, "SKINNY_ROWS", 16)  # blocks of 16 rows: a 30-row prefill runs as 16 + 14
         calls = []
-        real = skinny.rows_times
-        monkeypatch.setattr(skinny, "rows_times", lambda x, w, out: calls.append(x.shape[0]) or real(x, w, out))
+        real = skinny.product  # what fast.project calls (rows_times without its checks)
+        monkeypatch.setattr(skinny, "product", lambda x, w, out: calls.append(x.shape[0]) or real(x, w, out))
         return calls
     monkeypatch.setattr(skinny, "_HAVE_NUMBA", False)
     return None
@@ -202,3 +202,21 @@ def test_batched_one_query_attention_equals_the_reference_and_reads_only_t_posit
         one_query.attend_last_batch(q, k, v, 0)
     with pytest.raises(ValueError, match=r"C-contiguous float32 k, v"):
         one_query.attend_last_batch(q, k[:, :, :T], v[:, :, :T], T)  # a view: not the cache's own array
+
+
+@needs_numba
+@pytest.mark.parametrize("N, D", [(1, 576), (5, 37), (70, 8)])
+def test_rmsnorm_into_compiled_equals_the_reference(N, D):
+    """fast.rmsnorm_into on float32 with numba (one compiled call) against ops.rmsnorm in float64;
+    without a weight it runs numpy's six calls, the same numbers."""
+    from tinydecoder.core import ops
+
+    rng = np.random.default_rng(N * D)
+    x = (rng.standard_normal((N, D)) * 3).astype(np.float32)
+    weight = rng.standard_normal(D).astype(np.float32)
+    out = np.full((N, D), np.nan, np.float32)
+    assert fast.rmsnorm_into(x, weight, 1e-5, out) is out
+    want = ops.rmsnorm(x.astype(np.float64), weight.astype(np.float64), 1e-5)
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+    plain = fast.rmsnorm_into(x, None, 1e-5, np.empty_like(x))
+    np.testing.assert_allclose(plain, ops.rmsnorm(x.astype(np.float64), None, 1e-5), rtol=2e-6, atol=1e-6)

@@ -85,6 +85,11 @@ def rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     if out.shape != (x.shape[0], w.shape[1]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"rows_times writes a C-contiguous float32 out of shape {[x.shape[0], w.shape[1]]}, "
                          f"got {out.dtype}{list(out.shape)}")
+    return product(x, w, out)
+
+
+def product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """`rows_times` without its checks, for a caller that has made them (`fast.project`)."""
     _kernel()(np.ascontiguousarray(x), w.T, out)  # w.T: [N, K], one contiguous row per output
     return out
 
@@ -94,26 +99,28 @@ prange = range  # numba.prange once compiled (see `compiled`): the loops it mark
 _compiled = {}
 
 
-def compiled(fn):
-    """`fn` compiled by numba (parallel, fastmath, cached on disk), once per process. The
-    functions it compiles are plain Python in this package whose module binds `prange = range`;
-    compiled, their `prange` loops run on numba's threads. The first call compiles (seconds) or
+def compiled(fn, parallel: bool = True):
+    """`fn` compiled by numba (fastmath, cached on disk; parallel unless said), once per process.
+    The functions it compiles are plain Python in this package whose module binds `prange = range`;
+    compiled in parallel, their `prange` loops run on numba's threads (a parallel call costs a
+    few microseconds to start them: small work is compiled serial). The first call compiles (seconds) or
     loads numba's disk cache, under a lock shared by this user's processes: two processes
     starting at once (two notebooks, two test workers) compile once, and the second loads."""
-    if fn not in _compiled:
+    key = (fn, parallel)
+    if key not in _compiled:
         import numba
 
         fn.__globals__["prange"] = numba.prange  # the name the function's module reads
-        dispatcher = numba.njit(parallel=True, fastmath=True, cache=True)(fn)
+        dispatcher = numba.njit(parallel=parallel, fastmath=True, cache=True)(fn)
 
         def first_call(*args):
             with _compile_lock():
                 out = dispatcher(*args)
-            _compiled[fn] = dispatcher  # later calls go straight to numba
+            _compiled[key] = dispatcher  # later calls go straight to numba
             return out
 
-        _compiled[fn] = first_call
-    return _compiled[fn]
+        _compiled[key] = first_call
+    return _compiled[key]
 
 
 @contextlib.contextmanager
