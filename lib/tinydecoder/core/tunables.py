@@ -18,8 +18,9 @@ QUERY_BLOCK = 64
 # Without numba, a single query over at least this many cached keys attends with
 # `fast.attend_one_query` (two GEMMs over all KV heads at once) instead of per-KV-head batched
 # products. SmolLM2 decode steps: 0.2 ms slower at 192-256 keys, 0.3 ms faster at 320, 0.8 ms at
-# 512, 1.8 ms at 1024. With numba, `one_query.attend_last` at every length (at 2,048 keys: ~12 ms
-# a step for the 30 layers' attention, against ~15-30 ms for the GEMMs on one BLAS thread).
+# 512, 1.8 ms at 1024. With numba, `one_query.attend_last` at every length (at 2,048 keys: 4.5-5 ms
+# a step for the 30 layers' attention, 14-21 GB/s, against ~15-30 ms for the GEMMs on one BLAS
+# thread; its tasks walk blocks of positions in memory order: by KV head it took 6-8 ms).
 ONE_QUERY_GEMM_FROM = 320
 
 # `fast.project` with numba: float32 rows times an out-major weight run in `skinny.rows_times`, this
