@@ -13,10 +13,9 @@ weights (numpy's exp is vectorised), and the values are walked once for the outp
 Each key or value row of a KV head is loaded once for the g query heads that read it. The work
 is split by positions: a task walks a contiguous block of the cache, position after position,
 every KV head of a position in turn (the order the cache lies in memory), and there are
-TASKS_PER_THREAD tasks per numba thread; the tasks' partial outputs are summed at the end.
-(Tasks of one KV head each read every Hkv-th 256-byte row: measured at 2,048 positions, that
-ran at half the rate: 30 layers' scores 3.0-3.5 ms against 1.1-1.5 ms on 2 threads.) Same
-numbers as `ops.attention` for one query, up to the order of float32 sums (tests bound it).
+TASKS_PER_THREAD tasks per numba thread; the tasks' partial outputs are summed at the end
+(tasks of one KV head each, reading every Hkv-th row, were slower: tunables.py). Same numbers
+as `ops.attention` for one query, up to the order of float32 sums (tests bound it).
 """
 from __future__ import annotations
 

@@ -102,8 +102,8 @@ _compiled = {}
 def compiled(fn, parallel: bool = True):
     """`fn` compiled by numba (fastmath, cached on disk; parallel unless said), once per process.
     The functions it compiles are plain Python in this package whose module binds `prange = range`;
-    compiled in parallel, their `prange` loops run on numba's threads (a parallel call costs a
-    few microseconds to start them: small work is compiled serial). The first call compiles (seconds) or
+    compiled in parallel, their `prange` loops run on numba's threads (starting them costs a few
+    microseconds a call: small work is compiled serial). The first call compiles (seconds) or
     loads numba's disk cache, under a lock shared by this user's processes: two processes
     starting at once (two notebooks, two test workers) compile once, and the second loads."""
     key = (fn, parallel)
