@@ -1,5 +1,5 @@
 """core/skinny.py: a few rows times an out-major weight, each weight read once (numba), and the
-fast path that uses it. The kernel is checked against float64 products (outputs not a multiple
+fast path that uses it; core/one_query.py's attention of the newest rows (numba). The kernel is checked against float64 products (outputs not a multiple
 of its 8, one to 33 rows, odd sizes, strided inputs); the fast path with it against the
 reference path on float32 models whose weights are NOT shared with the reference side, for
 decode, a few rows (speculative verification), batches of 2-40 rows and prefill (in blocks of
@@ -143,6 +143,43 @@ def test_one_query_attention_equals_the_reference(Hq, Hkv, T):
     np.testing.assert_allclose(got, want.reshape(1, Hq * d), rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match=rf"Hq a multiple of Hkv.*got q float64\[{Hq}, 16\]"):
         one_query.attend_last(q.astype(np.float64), k, v)
+
+
+@needs_numba
+@pytest.mark.parametrize("Hq, Hkv", [(9, 3), (4, 4), (6, 1)])
+@pytest.mark.parametrize("S, T", [(1, 1), (2, 2), (3, 5), (4, 130), (8, 9), (8, 300), (5, 64)])
+def test_attention_of_the_newest_rows_is_causal_and_equals_the_reference(Hq, Hkv, S, T):
+    """core.one_query.attend_rows: S new positions (a decode step, guesses checked at once) over
+    T cached positions, the S included: each query sees the positions up to its own, as
+    ops.attention computes it in float64. T = S (every block of positions holds some query's
+    future), T smaller than the number of tasks (empty blocks), and long caches."""
+    from tinydecoder.core import ops
+
+    rng = np.random.default_rng(S * 1000 + T * 10 + Hq)
+    d = 16
+    q = (rng.standard_normal((S, Hq, d)) * 2).astype(np.float32)
+    k = (rng.standard_normal((T, Hkv, d)) * 2).astype(np.float32)
+    v = rng.standard_normal((T, Hkv, d)).astype(np.float32)
+    got = one_query.attend_rows(q, k, v)
+    want = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))  # [S, Hq*d]
+    assert got.shape == (S, Hq * d) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    if S > 1:  # the first query must not see the last position: changing it leaves row 0 as it was
+        v2 = v.copy()
+        v2[-1] += 100.0
+        again = one_query.attend_rows(q, k, v2)
+        np.testing.assert_array_equal(again[0], got[0])
+        assert np.abs(again[-1] - got[-1]).max() > 1e-3
+
+
+@needs_numba
+def test_attention_of_the_newest_rows_refuses_what_it_cannot_read():
+    q = np.ones((3, 4, 8), np.float32)
+    k = np.ones((2, 2, 8), np.float32)
+    with pytest.raises(ValueError, match=r"0 < S <= T.*got q float32\[3, 4, 8\], k float32\[2, 2, 8\]"):
+        one_query.attend_rows(q, k, k)  # three new rows but two positions
+    with pytest.raises(ValueError, match=r"Hq a multiple of Hkv.*got q float32\[1, 3, 8\]"):
+        one_query.attend_rows(q[:1, :3], k, k)
 
 
 @needs_numba

@@ -42,6 +42,7 @@ from .validate import check_context, check_token_ids
 # Thresholds measured on one machine (tunables.py records which): where a speed trick starts.
 QUERY_BLOCK = tunables.QUERY_BLOCK  # a long prefill attends in blocks of this many queries
 ONE_QUERY_GEMM_FROM = tunables.ONE_QUERY_GEMM_FROM  # a single query over this many keys: attend_one_query
+ATTEND_ROWS_UP_TO = tunables.ATTEND_ROWS_UP_TO  # up to this many new rows of a sequence: one_query.attend_rows
 
 
 # ----------------------------------------------------------------------------- the pieces
@@ -227,8 +228,8 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
             a, b = bounds[s], bounds[s + 1]
             k_all, v_all = cache.append(l, k[a:b], v[a:b])  # [T, Hkv, d]
             qa, qb = (a, b) if rows is None else (s, s + 1)
-            if qb - qa == 1 and one_query.fits(q[qa], k_all, v_all):
-                out[qa] = one_query.attend_last(q[qa], k_all, v_all)  # numba: the cache read once
+            if qb - qa <= ATTEND_ROWS_UP_TO and one_query.fits_rows(q[qa:qb], k_all, v_all):
+                out[qa:qb] = one_query.attend_rows(q[qa:qb], k_all, v_all)  # numba: the cache read once
             elif qb - qa == 1 and len(k_all) >= ONE_QUERY_GEMM_FROM and k_all.flags.c_contiguous:
                 out[qa] = attend_one_query(q[qa], k_all, v_all)
             else:

@@ -1,21 +1,22 @@
-"""Attention of one new query over a long KV cache, reading the cache once: the decode step's
-attention in the fast path when numba is installed (`fast.forward` on float32 caches;
-`attend_last_batch` for B sequences in a `BatchKVCache`, `fast.forward_batch`).
+"""Attention of the newest positions of one sequence over its KV cache, reading the cache once:
+the fast path's attention for a decode step and for a few guesses checked at once (up to
+ATTEND_ROWS_UP_TO rows, `fast.forward` on float32 caches, when numba is installed), and for B
+sequences' decode step in a `BatchKVCache` (`attend_last_batch`).
 
 A decode step at context T reads every cached key and value once: 2 * T * Hkv * d numbers per
 layer (SmolLM2 at T = 2,048: 3 MB a layer, 94 MB a step, a sixth of the weights). numpy's
-batched products (`fast.attend`, `fast.attend_one_query`) multiply a single query row at a low
-rate. Here the keys are walked once for the scores (numba), `ops.softmax` turns them into
-weights (numpy's exp is vectorised), and the values are walked once for the output (numba):
+batched products (`fast.attend`) multiply so few query rows at a low rate, and each numpy call
+around them costs microseconds. `attend_rows` is one compiled call:
 
-    s_t = (q_j . k_t) / sqrt(d),   w_t = exp(s_t - max_t s_t) / sum_t exp(...),   out_j = sum_t w_t v_t
+    s_jt = (q_j . k_t) / sqrt(d),   w_jt = exp(s_jt - max_t s_jt) / sum_t exp(...),   out_j = sum_t w_jt v_t
 
-Each key or value row of a KV head is loaded once for the g query heads that read it. The work
-is split by positions: a task walks a contiguous block of the cache, position after position,
-every KV head of a position in turn (the order the cache lies in memory), and there are
-TASKS_PER_THREAD tasks per numba thread; the tasks' partial outputs are summed at the end
-(tasks of one KV head each, reading every Hkv-th row, were slower: tunables.py). Same numbers
-as `ops.attention` for one query, up to the order of float32 sums (tests bound it).
+where t runs over the positions query j may see (a guess sees the guesses before it, not those
+after). Every query row that reads KV head h (its g heads, for each of the S new positions) is
+computed together, so each key or value row is loaded once for all of them. The work is split
+by positions: a task walks a contiguous block of the cache in memory order, with its own
+softmax (its max, its sum of exponentials, its weighted values), and the blocks are merged at
+the end as flash-decoding merges its splits (notebook 12). TASKS_PER_THREAD tasks per numba
+thread. Same numbers as `ops.attention`, up to the order of float32 sums (tests bound it).
 """
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ import numpy as np
 
 from . import skinny
 from .ops import softmax
+from .skinny import dot_rows
 
 prange = range  # numba.prange once compiled (skinny.compiled)
+INLINE = ("dot_rows",)  # skinny's sweep over a key row, compiled into `_attend_rows` (skinny.compiled)
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
 
 
@@ -72,50 +75,100 @@ def attend_last(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         raise ValueError(f"attend_last needs float32 q [Hq, d] and C-contiguous float32 k, v [T, Hkv, d] with "
                          f"Hq a multiple of Hkv, and numba; got q {q.dtype}{list(q.shape)}, "
                          f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}")
-    Hq, d = q.shape
-    parts = TASKS_PER_THREAD * skinny.threads()  # blocks of positions, one task each
-    scores = np.empty((Hq, k.shape[0]), np.float32)  # [Hq, T]
-    skinny.compiled(_scores)(np.ascontiguousarray(q) * np.float32(1.0 / math.sqrt(d)), k, scores, parts)
-    weights = softmax(scores)  # in numpy: a scalar exp per score in numba costs more
-    partial = np.empty((parts, Hq, d), np.float32)
-    skinny.compiled(_weighted_values)(weights, v, partial)
-    return partial.sum(axis=0).reshape(1, Hq * d)
+    return attend_rows(q[None], k, v)
 
 
-def _scores(q, k, scores, parts):  # pragma: no cover - runs compiled by numba
-    """scores[j, t] = q[j] . k[t, j // g]: each key row read once, for the g query heads of its
-    KV head. Tasks: `parts` blocks of positions, split between numba's threads."""
-    Hq, d = q.shape
+def fits_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
+    """Whether `attend_rows(q, k, v)` applies: q [S, Hq, d] with S <= T, as `fits` for k and v."""
+    return q.ndim == 3 and 0 < q.shape[0] <= k.shape[0] and fits(q[0], k, v)
+
+
+def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The S newest positions of one sequence (a decode step, or S guesses checked at once),
+    causal: query s sees positions 0 .. T - S + s.  q: [S, Hq, d]; k, v: [T, Hkv, d], the
+    KVCache's own layout, the S new positions included  -> [S, Hq*d].
+
+    Every query row that reads KV head h (its g heads for each of the S positions) is computed
+    together, so each cached key and value is loaded once for all of them."""
+    if not fits_rows(q, k, v):
+        raise ValueError(f"attend_rows needs float32 q [S, Hq, d] with 0 < S <= T and C-contiguous float32 k, v "
+                         f"[T, Hkv, d] with Hq a multiple of Hkv, and numba; got q {q.dtype}{list(q.shape)}, "
+                         f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}")
+    S, Hq, d = q.shape
     T, Hkv = k.shape[0], k.shape[1]
     g = Hq // Hkv
+    rows = (q.reshape(S, Hkv, g, d).transpose(1, 2, 0, 3) * np.float32(1.0 / math.sqrt(d))).reshape(Hq * S, d)
+    out = np.empty((Hq * S, d), np.float32)  # rows as in `rows`: [Hkv, g, S, d]
+    parts = min(T, TASKS_PER_THREAD * skinny.threads())
+    merge = np.empty((parts, Hq * S, d + 2), np.float32)  # each part's weighted values, max and sum
+    skinny.compiled(_attend_rows)(rows, k, v, S, merge, out)
+    return out.reshape(Hkv, g, S, d).transpose(2, 0, 1, 3).reshape(S, Hq * d)
+
+
+def _attend_rows(q, k, v, S, merge, out):  # pragma: no cover - runs compiled by numba
+    """out[j] = softmax over t < T - S + 1 + j % S of (q[j] . k[t, h]), times v[t, h], for each
+    row j of q (the S new positions of one query head are S rows in a row); rows h*G .. h*G + G - 1
+    read KV head h. Tasks: `parts` blocks of positions, each with its own
+    softmax (its max, its sum of exponentials, its weighted values), merged at the end as
+    flash-decoding merges its splits. (Loops, not array expressions: in a parallel function
+    numba would start threads for each of those.)"""
+    R, d = q.shape
+    T, Hkv = k.shape[0], k.shape[1]
+    G = R // Hkv
+    parts = merge.shape[0]
+    acc = merge[:, :, :d]  # each part's sum of exp(score - its max) * value
+    peak = merge[:, :, d]  # each part's max score
+    mass = merge[:, :, d + 1]  # each part's sum of exp(score - its max)
+    everyone = T - S + 1  # positions 0 .. T - S are seen by every row
     for part in prange(parts):
-        for t in range(part * T // parts, (part + 1) * T // parts):
+        a, b = part * T // parts, (part + 1) * T // parts
+        sc = np.empty((R, max(b - a, 1)), np.float32)  # the part's scores, then weights
+        ac = np.zeros((R, d), np.float32)  # its weighted values
+        for t in range(a, b):  # scores: each key row read once, for the G rows of its KV head
             for h in range(Hkv):  # the position's KV heads lie side by side: read in memory order
-                kt = k[t, h]
-                for i in range(g):
-                    qj = q[h * g + i]
-                    s = np.float32(0.0)
-                    for c in range(d):
-                        s += qj[c] * kt[c]
-                    scores[h * g + i, t] = s
-
-
-def _weighted_values(weights, v, partial):  # pragma: no cover - runs compiled by numba
-    """partial[part, j] = sum over the part's positions t of weights[j, t] v[t, j // g]: each
-    value row read once for the g query heads of its KV head. Tasks: blocks of positions."""
-    parts, Hq, d = partial.shape
-    T, Hkv = v.shape[0], v.shape[1]
-    g = Hq // Hkv
-    for part in prange(parts):
-        acc = np.zeros((Hq, d), np.float32)
-        for t in range(part * T // parts, (part + 1) * T // parts):
+                j = h * G
+                dot_rows(q[j:j + G], k[t, h], sc[j:j + G], t - a, d)  # sc[j + i, t - a] = q[j + i] . k[t, h]
+        for j in range(R):  # the part's softmax, over the positions row j may see
+            stop = min(b, everyone + j % S) - a
+            top, total = np.float32(-np.inf), np.float32(0.0)
+            if stop > 0:
+                row = sc[j]
+                top = row[0]
+                for t in range(1, stop):
+                    top = max(top, row[t])
+                for t in range(stop):
+                    e = np.exp(row[t] - top)
+                    row[t] = e
+                    total += e
+            peak[part, j], mass[part, j] = top, total
+        for t in range(a, b):  # weighted values: each value row read once
             for h in range(Hkv):
                 vt = v[t, h]
-                for i in range(g):
-                    w = weights[h * g + i, t]
-                    for c in range(d):
-                        acc[h * g + i, c] += w * vt[c]
-        partial[part] = acc
+                for j in range(h * G, h * G + G):
+                    if t < everyone or t - everyone < j % S:  # (the modulo: only for the last S - 1)
+                        w = sc[j, t - a]
+                        aj = ac[j]
+                        for c in range(d):
+                            aj[c] += w * vt[c]
+        acc[part] = ac
+    for j in range(R):  # merge the parts: each counts with exp(its max - the overall max)
+        top = peak[0, j]
+        for part in range(1, parts):
+            top = max(top, peak[part, j])
+        total = np.float32(0.0)
+        oj = out[j]
+        for c in range(d):
+            oj[c] = 0.0
+        for part in range(parts):
+            if mass[part, j] > 0:
+                f = np.exp(peak[part, j] - top)
+                total += f * mass[part, j]
+                aj = acc[part, j]
+                for c in range(d):
+                    oj[c] += f * aj[c]
+        inv = np.float32(1.0) / total
+        for c in range(d):
+            oj[c] *= inv
 
 
 def _scores_batch(q, k, T, scores):  # pragma: no cover - runs compiled by numba

@@ -12,10 +12,14 @@ measurements). This kernel computes
 
 for a weight stored "out-major" (Fortran order: the K weights of output n lie together, as in
 the GGUF file; `checkpoint.weights` stores every SmolLM2 matrix so). Each output n is a dot
-product of a contiguous weight row with every input row. A task takes OUTPUTS = 8 weight rows
-at once: they are loaded into cache once and stay there while every input row passes, and each
-input value loaded serves eight running sums (eight independent FMA chains, and eight streams
-from memory in flight). The tasks are split between threads.
+product of a contiguous weight row with every input row. A task takes OUTPUTS = 4 weight rows;
+the tasks are split between threads, so each thread walks its half of the matrix front to back.
+Up to ONE_OUTPUT_UP_TO input rows, a task reads its weight rows one after the other, each once
+from memory, and sweeps it against four input rows at a time (`dot_rows`: one loaded weight
+serves four running sums; the next sweeps find the row in cache): the weights stream in memory
+order, which is what a memory-bound product needs. With more rows the arithmetic counts as much
+as the stream, and a sweep takes two weight rows against four input rows (`_dot4x2`: eight
+running sums, fewer loads per multiply-add).
 
 (tunables.py records what was measured.)
 
@@ -63,9 +67,9 @@ def threads() -> int:
     """How many threads numba's kernels use: numba's setting, else 1."""
     if not available():
         return 1
-    import numba
+    from numba import get_num_threads
 
-    return int(numba.get_num_threads())
+    return get_num_threads()
 
 
 def fits(x: np.ndarray, w: np.ndarray) -> bool:
@@ -94,23 +98,29 @@ def product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-OUTPUTS = 8  # outputs computed together: each loaded input value serves eight weight rows
+OUTPUTS = 4  # outputs per task: their weight rows stay in cache while every input row passes
+ONE_OUTPUT_UP_TO = 8  # up to this many rows, each output's weights are read alone, front to back
 prange = range  # numba.prange once compiled (see `compiled`): the loops it marks are split between threads
 _compiled = {}
+INLINE = ("dot_rows", "_dot1", "_dot2", "_dot3", "_dot4", "_dot4x2")  # small functions compiled into the kernel (`compiled`)
 
 
 def compiled(fn, parallel: bool = True):
     """`fn` compiled by numba (fastmath, cached on disk; parallel unless said), once per process.
     The functions it compiles are plain Python in this package whose module binds `prange = range`;
     compiled in parallel, their `prange` loops run on numba's threads (starting them costs a few
-    microseconds a call: small work is compiled serial). The first call compiles (seconds) or
-    loads numba's disk cache, under a lock shared by this user's processes: two processes
-    starting at once (two notebooks, two test workers) compile once, and the second loads."""
+    microseconds a call: small work is compiled serial). Compile a function one way only: numba's
+    disk cache does not tell a parallel compilation from a serial one. In a parallel function,
+    write loops, not array expressions (numba starts threads for each of those). The helpers a
+    module names in INLINE are compiled into the functions that call them. The first call
+    compiles (seconds) or loads numba's disk cache, under a lock shared by this user's
+    processes: two processes starting at once (two notebooks, two test workers) compile once,
+    and the second loads."""
     key = (fn, parallel)
     if key not in _compiled:
         import numba
 
-        fn.__globals__["prange"] = numba.prange  # the name the function's module reads
+        _bind(fn.__globals__)
         dispatcher = numba.njit(parallel=parallel, fastmath=True, cache=True)(fn)
 
         def first_call(*args):
@@ -121,6 +131,24 @@ def compiled(fn, parallel: bool = True):
 
         _compiled[key] = first_call
     return _compiled[key]
+
+
+def _bind(names: dict) -> None:
+    """Bind, in a module's namespace `names`, what its compiled functions call: numba.prange for
+    `prange`, and each helper named in its INLINE compiled to be inlined (a helper imported from
+    another module is compiled there, with that module's own helpers)."""
+    import numba
+
+    names["prange"] = numba.prange
+    for name in names.get("INLINE", ()):
+        helper = names[name]
+        if hasattr(helper, "py_func"):  # compiled already
+            continue
+        if helper.__globals__ is not names:
+            _bind(helper.__globals__)
+            names[name] = helper.__globals__[name]
+        else:
+            names[name] = numba.njit(fastmath=True, cache=True, inline="always")(helper)
 
 
 @contextlib.contextmanager
@@ -148,31 +176,97 @@ def _rows_times_rows(x, wt, out):  # pragma: no cover - runs compiled by numba
     """out[m, n] = x[m] . wt[n] for x [M, K], wt [N, K] (both C-contiguous)."""
     M, K = x.shape
     N = wt.shape[0]
-    blocks = N // OUTPUTS
-    for p in prange(blocks):  # eight outputs (eight weight rows) per task
+    for p in prange(N // OUTPUTS):  # a task: four outputs (four weight rows)
         n = OUTPUTS * p
-        w0, w1, w2, w3, w4, w5, w6, w7 = wt[n], wt[n + 1], wt[n + 2], wt[n + 3], wt[n + 4], wt[n + 5], wt[n + 6], wt[n + 7]
-        for m in range(M):  # the eight rows stay in cache while every input row passes
-            y = x[m]
-            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-            for k in range(K):
-                v = y[k]
-                s0 += v * w0[k]
-                s1 += v * w1[k]
-                s2 += v * w2[k]
-                s3 += v * w3[k]
-                s4 += v * w4[k]
-                s5 += v * w5[k]
-                s6 += v * w6[k]
-                s7 += v * w7[k]
-            out[m, n], out[m, n + 1], out[m, n + 2], out[m, n + 3] = s0, s1, s2, s3
-            out[m, n + 4], out[m, n + 5], out[m, n + 6], out[m, n + 7] = s4, s5, s6, s7
-    for n in prange(OUTPUTS * blocks, N):  # the last N % 8 outputs, one at a time
-        col = wt[n]
-        for m in range(M):
-            y = x[m]
-            s = np.float32(0.0)
-            for k in range(K):
-                s += y[k] * col[k]
-            out[m, n] = s
+        if M <= ONE_OUTPUT_UP_TO:  # few rows: one weight row at a time, read front to back
+            for j in range(n, n + OUTPUTS):
+                dot_rows(x, wt[j], out, j, K)
+        else:  # more rows: 4 rows x 2 outputs per sweep, fewer loads per multiply-add
+            m = 0
+            while m + 4 <= M:
+                _dot4x2(x, m, wt[n], wt[n + 1], out, n, K)
+                _dot4x2(x, m, wt[n + 2], wt[n + 3], out, n + 2, K)
+                m += 4
+            for j in range(n, n + OUTPUTS):
+                dot_rows(x[m:], wt[j], out[m:], j, K)
+    for j in range(OUTPUTS * (N // OUTPUTS), N):  # the last N % 4 outputs
+        dot_rows(x, wt[j], out, j, K)
     return out
+
+
+def dot_rows(x, w, out, n, K):  # pragma: no cover - runs compiled by numba
+    """out[m, n] = x[m] . w for every row m of x [M, K] and one weight row w [K] (compiled only:
+    `compiled` binds it into the kernels that call it): four rows per sweep over w, then the
+    1-3 left."""
+    M = x.shape[0]
+    m = 0
+    while m + 4 <= M:
+        _dot4(x, m, w, out, n, K)
+        m += 4
+    if M - m == 3:
+        _dot3(x, m, w, out, n, K)
+    elif M - m == 2:
+        _dot2(x, m, w, out, n, K)
+    elif M - m == 1:
+        _dot1(x, m, w, out, n, K)
+
+
+# The sweeps: R rows times one or two weight rows, one running sum each (in registers). Each
+# loaded weight serves R rows; numba vectorises the loop over k (8 floats at a time on AVX2).
+
+def _dot1(x, m, w, out, n, K):  # pragma: no cover - runs compiled by numba
+    a = x[m]
+    s = np.float32(0.0)
+    for k in range(K):
+        s += a[k] * w[k]
+    out[m, n] = s
+
+
+def _dot2(x, m, w, out, n, K):  # pragma: no cover - runs compiled by numba
+    a, b = x[m], x[m + 1]
+    sa = sb = np.float32(0.0)
+    for k in range(K):
+        u = w[k]
+        sa += a[k] * u
+        sb += b[k] * u
+    out[m, n], out[m + 1, n] = sa, sb
+
+
+def _dot3(x, m, w, out, n, K):  # pragma: no cover - runs compiled by numba
+    a, b, c = x[m], x[m + 1], x[m + 2]
+    sa = sb = sc = np.float32(0.0)
+    for k in range(K):
+        u = w[k]
+        sa += a[k] * u
+        sb += b[k] * u
+        sc += c[k] * u
+    out[m, n], out[m + 1, n], out[m + 2, n] = sa, sb, sc
+
+
+def _dot4(x, m, w, out, n, K):  # pragma: no cover - runs compiled by numba
+    a, b, c, d = x[m], x[m + 1], x[m + 2], x[m + 3]
+    sa = sb = sc = sd = np.float32(0.0)
+    for k in range(K):
+        u = w[k]
+        sa += a[k] * u
+        sb += b[k] * u
+        sc += c[k] * u
+        sd += d[k] * u
+    out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = sa, sb, sc, sd
+
+
+def _dot4x2(x, m, w0, w1, out, n, K):  # pragma: no cover - runs compiled by numba
+    a, b, c, d = x[m], x[m + 1], x[m + 2], x[m + 3]
+    a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = np.float32(0.0)
+    for k in range(K):
+        u, v = w0[k], w1[k]
+        a0 += a[k] * u
+        a1 += a[k] * v
+        b0 += b[k] * u
+        b1 += b[k] * v
+        c0 += c[k] * u
+        c1 += c[k] * v
+        d0 += d[k] * u
+        d1 += d[k] * v
+    out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = a0, b0, c0, d0
+    out[m, n + 1], out[m + 1, n + 1], out[m + 2, n + 1], out[m + 3, n + 1] = a1, b1, c1, d1

@@ -18,20 +18,31 @@ QUERY_BLOCK = 64
 # Without numba, a single query over at least this many cached keys attends with
 # `fast.attend_one_query` (two GEMMs over all KV heads at once) instead of per-KV-head batched
 # products. SmolLM2 decode steps: 0.2 ms slower at 192-256 keys, 0.3 ms faster at 320, 0.8 ms at
-# 512, 1.8 ms at 1024. With numba, `one_query.attend_last` at every length (at 2,048 keys: 4.5-5 ms
-# a step for the 30 layers' attention, 14-21 GB/s, against ~15-30 ms for the GEMMs on one BLAS
-# thread; its tasks walk blocks of positions in memory order: by KV head it took 6-8 ms).
+# 512, 1.8 ms at 1024. With numba, `one_query.attend_rows` at every length (at 2,048 keys: 7-10 ms
+# a step for the 30 layers' attention, against ~15-30 ms for the GEMMs on one BLAS thread; its
+# tasks walk blocks of positions in memory order: by KV head it took more).
 ONE_QUERY_GEMM_FROM = 320
+
+# With numba, up to this many new rows of one sequence (a decode step, guesses checked at once)
+# attend in `one_query.attend_rows`, one compiled call; more run in numpy's batched products
+# (`fast.attend`). Against the numpy path on one BLAS thread (as in a pass), SmolLM2's shapes,
+# per layer: 1 row 0.6-0.9x its time (at 16-512 keys; equal at 2,048), 2 rows 0.6-0.8x, 4 rows
+# 0.75-1.0x, 8 rows 1.05-1.2x alone but, in SmolLM2 passes over 8 rows, 1.93-1.97 decode steps
+# against 2.06-2.08 with numpy (contexts 512; equal at 128).
+ATTEND_ROWS_UP_TO = 8
 
 # `fast.project` with numba: float32 rows times an out-major weight run in `skinny.rows_times`, this
 # many rows at a time (each block reads the weights once; its rows stay in cache). SmolLM2's
 # matrices, all 30 layers and the head, 2 threads, in ms, the kernel against numpy's GEMM (split
 # over two threads): 1 row 16 / 37, 8 rows 33 / 54, 32 rows 41 / 87, 64 rows 74 / 128, 100 rows
 # 124 / 176, 500 rows 751 / 1053 in one block, 564 in blocks of 64 (128: 687, 256: 606).
-# Against one row: 2 rows 1.1-1.2, 4 rows 1.2-1.4, 8 rows 1.5-1.7, 16 rows 2.1-2.5, 32 rows 3.1-3.8.
-# Eight outputs at a time (skinny.OUTPUTS) against the kernel before it (one output, up to four
-# rows at a time): 1 row 13-17 ms against 18-23, 8 rows 23-25 against 37-42, 32 rows 50-59
-# against 79-90; 4 or 16 outputs at a time, or 2 rows at a time, were slower.
+# The kernel's layout (December 2026, the same 121 matrices as distinct copies, nothing in cache,
+# medians of 6, ms for 1 / 2 / 3 / 4 / 8 / 16 / 64 rows): eight weight rows at a time, each input
+# value serving eight sums: 27-32 / 28-34 / 33-39 / 37-41 / 47-53 / 71-72 / 219-271; each weight
+# row read alone front to back, four input rows per sweep: 20-23 / 21-24 / 22-25 / 26-27 /
+# 37-40 / 72-74 / 306; two weight rows against four input rows: 24-35 / 26-28 / 27-29 / 33-35
+# / 43-46 / 65 / 183-231. The kernel takes the second up to 8 rows (skinny.ONE_OUTPUT_UP_TO),
+# the third above.
 SKINNY_ROWS = 64
 # ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
@@ -56,5 +67,5 @@ TRIM_BYTES = 256 << 20
 MMAP_BYTES = 32 << 20
 
 TABLE = {"SKINNY_ROWS": SKINNY_ROWS, "SKINNY_MIN_WEIGHTS": SKINNY_MIN_WEIGHTS, "QUERY_BLOCK": QUERY_BLOCK,
-         "ONE_QUERY_GEMM_FROM": ONE_QUERY_GEMM_FROM, "GEMV_ROWS": GEMV_ROWS,
+         "ONE_QUERY_GEMM_FROM": ONE_QUERY_GEMM_FROM, "ATTEND_ROWS_UP_TO": ATTEND_ROWS_UP_TO, "GEMV_ROWS": GEMV_ROWS,
          "PAD_ROWS_TO": PAD_ROWS_TO, "BLAS_SPIN_SECONDS": BLAS_SPIN_SECONDS, "TRIM_BYTES": TRIM_BYTES, "MMAP_BYTES": MMAP_BYTES}
