@@ -1,10 +1,10 @@
 """core/skinny.py: a few rows times an out-major weight, each weight read once (numba), and the
-fast path that uses it; core/one_query.py's attention of the newest rows (numba). The kernel is checked against float64 products (outputs not a multiple
-of its 8, one to 33 rows, odd sizes, strided inputs); the fast path with it against the
-reference path on float32 models whose weights are NOT shared with the reference side, for
-decode, a few rows (speculative verification), batches of 2-40 rows and prefill (in blocks of
-rows); and the fast
-path without numba (hidden) against the same. Speed is never asserted (serving/bench.py measures it)."""
+fast path that uses it; core/one_query.py's attention of the newest rows (numba). The kernel is
+checked against float64 products (outputs not a multiple of its 4, one to 33 rows, odd sizes,
+strided inputs); the fast path with it against the reference path on float32 models whose
+weights are NOT shared with the reference side, for decode, a few rows (speculative
+verification), batches of 2-40 rows and prefill (in blocks of rows); and the fast path without
+numba (hidden) against the same. Speed is never asserted (serving/bench.py measures it)."""
 import numpy as np
 import pytest
 

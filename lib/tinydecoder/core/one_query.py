@@ -29,7 +29,7 @@ from .ops import softmax
 from .skinny import dot_rows
 
 prange = range  # numba.prange once compiled (skinny.compiled)
-INLINE = ("dot_rows",)  # skinny's sweep over a key row, compiled into `_attend_rows` (skinny.compiled)
+INLINE = ("dot_rows", "_block_softmax", "_merge")  # compiled into `_attend_rows` (skinny.compiled); dot_rows: skinny's
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
 
 
@@ -108,67 +108,77 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 def _attend_rows(q, k, v, S, merge, out):  # pragma: no cover - runs compiled by numba
     """out[j] = softmax over t < T - S + 1 + j % S of (q[j] . k[t, h]), times v[t, h], for each
     row j of q (the S new positions of one query head are S rows in a row); rows h*G .. h*G + G - 1
-    read KV head h. Tasks: `parts` blocks of positions, each with its own
-    softmax (its max, its sum of exponentials, its weighted values), merged at the end as
-    flash-decoding merges its splits. (Loops, not array expressions: in a parallel function
-    numba would start threads for each of those.)"""
+    read KV head h. Tasks: blocks of positions, each with its own softmax (its max, its sum of
+    exponentials, its weighted values: `merge`), merged at the end as flash-decoding merges its
+    splits. (Loops, not array expressions: in a parallel function numba would start threads for
+    each of those.)"""
     R, d = q.shape
     T, Hkv = k.shape[0], k.shape[1]
     G = R // Hkv
     parts = merge.shape[0]
-    acc = merge[:, :, :d]  # each part's sum of exp(score - its max) * value
-    peak = merge[:, :, d]  # each part's max score
-    mass = merge[:, :, d + 1]  # each part's sum of exp(score - its max)
     everyone = T - S + 1  # positions 0 .. T - S are seen by every row
     for part in prange(parts):
         a, b = part * T // parts, (part + 1) * T // parts
-        sc = np.empty((R, max(b - a, 1)), np.float32)  # the part's scores, then weights
-        ac = np.zeros((R, d), np.float32)  # its weighted values
+        scores = np.empty((R, max(b - a, 1)), np.float32)  # the part's scores, then weights
+        acc = np.zeros((R, d), np.float32)  # its weighted values
         for t in range(a, b):  # scores: each key row read once, for the G rows of its KV head
             for h in range(Hkv):  # the position's KV heads lie side by side: read in memory order
                 j = h * G
-                dot_rows(q[j:j + G], k[t, h], sc[j:j + G], t - a, d)  # sc[j + i, t - a] = q[j + i] . k[t, h]
-        for j in range(R):  # the part's softmax, over the positions row j may see
-            stop = min(b, everyone + j % S) - a
-            top, total = np.float32(-np.inf), np.float32(0.0)
-            if stop > 0:
-                row = sc[j]
-                top = row[0]
-                for t in range(1, stop):
-                    top = max(top, row[t])
-                for t in range(stop):
-                    e = np.exp(row[t] - top)
-                    row[t] = e
-                    total += e
-            peak[part, j], mass[part, j] = top, total
+                dot_rows(q[j:j + G], k[t, h], scores[j:j + G], t - a, d)  # scores[j + i, t - a] = q[j + i] . k[t, h]
+        _block_softmax(scores, a, b, everyone, S, merge[part])
         for t in range(a, b):  # weighted values: each value row read once
             for h in range(Hkv):
                 vt = v[t, h]
                 for j in range(h * G, h * G + G):
                     if t < everyone or t - everyone < j % S:  # (the modulo: only for the last S - 1)
-                        w = sc[j, t - a]
-                        aj = ac[j]
+                        w = scores[j, t - a]
+                        row = acc[j]
                         for c in range(d):
-                            aj[c] += w * vt[c]
-        acc[part] = ac
-    for j in range(R):  # merge the parts: each counts with exp(its max - the overall max)
-        top = peak[0, j]
+                            row[c] += w * vt[c]
+        merge[part, :, :d] = acc
+    _merge(merge, out)
+
+
+def _block_softmax(scores, a, b, everyone, S, merge):  # pragma: no cover - runs compiled by numba
+    """Positions a .. b-1 of every row j: scores -> exp(score - the block's max) in place, over the
+    positions the row may see; merge[j, d] = that max, merge[j, d + 1] = the sum of exponentials."""
+    R, d = scores.shape[0], merge.shape[1] - 2
+    for j in range(R):
+        stop = min(b, everyone + j % S) - a
+        top, total = np.float32(-np.inf), np.float32(0.0)
+        if stop > 0:
+            row = scores[j]
+            top = row[0]
+            for t in range(1, stop):
+                top = max(top, row[t])
+            for t in range(stop):
+                e = np.exp(row[t] - top)
+                row[t] = e
+                total += e
+        merge[j, d], merge[j, d + 1] = top, total
+
+
+def _merge(merge, out):  # pragma: no cover - runs compiled by numba
+    """out[j] = sum over blocks of f * weighted values / sum over blocks of f * sum of exponentials,
+    f = exp(the block's max - the overall max): each block's softmax rescaled to the overall one."""
+    parts, R, d = merge.shape[0], merge.shape[1], merge.shape[2] - 2
+    for j in range(R):
+        top = merge[0, j, d]
         for part in range(1, parts):
-            top = max(top, peak[part, j])
+            top = max(top, merge[part, j, d])
         total = np.float32(0.0)
-        oj = out[j]
+        row = out[j]
         for c in range(d):
-            oj[c] = 0.0
+            row[c] = 0.0
         for part in range(parts):
-            if mass[part, j] > 0:
-                f = np.exp(peak[part, j] - top)
-                total += f * mass[part, j]
-                aj = acc[part, j]
+            if merge[part, j, d + 1] > 0:  # a block with no position row j may see adds nothing
+                f = np.exp(merge[part, j, d] - top)
+                total += f * merge[part, j, d + 1]
                 for c in range(d):
-                    oj[c] += f * aj[c]
+                    row[c] += f * merge[part, j, c]
         inv = np.float32(1.0) / total
         for c in range(d):
-            oj[c] *= inv
+            row[c] *= inv
 
 
 def _scores_batch(q, k, T, scores):  # pragma: no cover - runs compiled by numba
