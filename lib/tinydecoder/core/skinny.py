@@ -63,13 +63,20 @@ def one_blas_thread():
     return _blas.limit(limits=1) if _blas else contextlib.nullcontext()
 
 
+_threads = []
+
+
 def threads() -> int:
-    """How many threads numba's kernels use: numba's setting, else 1."""
+    """How many threads numba's kernels use: numba's setting when first asked (a kernel's tasks
+    are split for that many; numba.set_num_threads later changes how many run them, never the
+    results), else 1. Asking numba costs a few microseconds, and a decode step asks 30 times."""
     if not available():
         return 1
-    from numba import get_num_threads
+    if not _threads:
+        from numba import get_num_threads
 
-    return get_num_threads()
+        _threads.append(get_num_threads())
+    return _threads[0]
 
 
 def fits(x: np.ndarray, w: np.ndarray) -> bool:
