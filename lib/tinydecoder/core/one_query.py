@@ -110,8 +110,8 @@ def _attend_rows(q, k, v, S, merge, out):  # pragma: no cover - runs compiled by
     row j of q (the S new positions of one query head are S rows in a row); rows h*G .. h*G + G - 1
     read KV head h. Tasks: blocks of positions, each with its own softmax (its max, its sum of
     exponentials, its weighted values: `merge`), merged at the end as flash-decoding merges its
-    splits. (Loops, not array expressions: in a parallel function numba would start threads for
-    each of those.)"""
+    splits. (Outside the parallel loop: loops, not array expressions, for which numba would start
+    threads each time; inside it they run on the task's own thread.)"""
     R, d = q.shape
     T, Hkv = k.shape[0], k.shape[1]
     G = R // Hkv
