@@ -128,7 +128,7 @@ def test_batched_decode_with_the_kernel_equals_reference(batch, kernel):
 @pytest.mark.parametrize("Hq, Hkv", [(9, 3), (4, 4), (6, 1)])
 @pytest.mark.parametrize("T", [1, 3, 130])
 def test_one_query_attention_equals_the_reference(Hq, Hkv, T):
-    """core.one_query.attend_last: the newest query over T cached positions, every head, as
+    """core.one_query.attend_rows with one row: the newest query over T cached positions, every head, as
     ops.attention computes it (float64 reference on the same numbers)."""
     from tinydecoder.core import ops
 
@@ -137,12 +137,12 @@ def test_one_query_attention_equals_the_reference(Hq, Hkv, T):
     q = rng.standard_normal((Hq, d)).astype(np.float32)
     k = rng.standard_normal((T, Hkv, d)).astype(np.float32)
     v = rng.standard_normal((T, Hkv, d)).astype(np.float32)
-    got = one_query.attend_last(q, k, v)
+    got = one_query.attend_rows(q[None], k, v)
     want = ops.attention(q[None].astype(np.float64), k.astype(np.float64), v.astype(np.float64))  # [1, Hq, d]
     assert got.shape == (1, Hq * d)
     np.testing.assert_allclose(got, want.reshape(1, Hq * d), rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match=rf"Hq a multiple of Hkv.*got q float64\[{Hq}, 16\]"):
-        one_query.attend_last(q.astype(np.float64), k, v)
+    with pytest.raises(ValueError, match=rf"Hq a multiple of Hkv.*got q float64\[1, {Hq}, 16\]"):
+        one_query.attend_rows(q[None].astype(np.float64), k, v)
 
 
 @needs_numba

@@ -33,13 +33,6 @@ INLINE = ("dot_rows", "_block_scores", "_block_softmax", "_merge")  # compiled i
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
 
 
-def fits(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
-    """Whether `attend_last(q, k, v)` applies: numba installed, float32, C-contiguous [T, Hkv, d] k and v."""
-    return (skinny.available() and q.dtype == k.dtype == v.dtype == np.float32 and q.ndim == 2 and k.ndim == 3
-            and k.shape == v.shape and k.flags.c_contiguous and v.flags.c_contiguous and q.shape[1] == k.shape[2]
-            and q.shape[0] % k.shape[1] == 0 and k.shape[0] > 0)
-
-
 def fits_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int) -> bool:
     """Whether `attend_last_batch(q, k, v, T)` applies: numba installed, float32, q [B, Hq, d],
     C-contiguous k and v [B, Hkv, capacity, d] holding at least T positions."""
@@ -50,7 +43,7 @@ def fits_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int) -> bool:
 
 def attend_last_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int) -> np.ndarray:
     """The newest query of each of B sequences over its first T cached positions, as
-    `attend_last` for each. q: [B, Hq, d]; k, v: [B, Hkv, capacity, d], a `BatchKVCache`'s own
+    `attend_rows` with one row for each. q: [B, Hq, d]; k, v: [B, Hkv, capacity, d], a `BatchKVCache`'s own
     arrays (whole: a [:, :, :T] view would reach numba as a strided array, and its loops would
     not vectorise; positions T and later are not read)  -> [B, Hq*d]. Tasks: (sequence, KV
     head), each reading its contiguous [T, d] block of keys, then of values, once."""
@@ -68,19 +61,12 @@ def attend_last_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int) -> np
     return out.reshape(B, Hq * d)
 
 
-def attend_last(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """One query position (the newest: it sees every cached position) of one sequence.
-    q: [Hq, d]; k, v: [T, Hkv, d] (the KVCache's own layout)  -> [1, Hq*d]."""
-    if not fits(q, k, v):
-        raise ValueError(f"attend_last needs float32 q [Hq, d] and C-contiguous float32 k, v [T, Hkv, d] with "
-                         f"Hq a multiple of Hkv, and numba; got q {q.dtype}{list(q.shape)}, "
-                         f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}")
-    return attend_rows(q[None], k, v)
-
-
 def fits_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
-    """Whether `attend_rows(q, k, v)` applies: q [S, Hq, d] with S <= T, as `fits` for k and v."""
-    return q.ndim == 3 and 0 < q.shape[0] <= k.shape[0] and fits(q[0], k, v)
+    """Whether `attend_rows(q, k, v)` applies: numba installed, float32, q [S, Hq, d] with
+    0 < S <= T, C-contiguous k and v [T, Hkv, d], Hq a multiple of Hkv."""
+    return (skinny.available() and q.dtype == k.dtype == v.dtype == np.float32 and q.ndim == 3 and k.ndim == 3
+            and k.shape == v.shape and k.flags.c_contiguous and v.flags.c_contiguous and q.shape[2] == k.shape[2]
+            and q.shape[1] % k.shape[1] == 0 and 0 < q.shape[0] <= k.shape[0])
 
 
 def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
