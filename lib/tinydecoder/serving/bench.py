@@ -316,7 +316,7 @@ def kernels_in_use(model: Model) -> str:
 
     if model.dtype == np.float32 and skinny.available() and model.layers[0].w_qkv.flags.f_contiguous:
         return "numba (core.skinny, core.one_query)"
-    return "numpy BLAS" + ("" if skinny.available() else " (numba not installed)")
+    return "numpy BLAS" + ("" if skinny.available() else " (numba or threadpoolctl not installed)")
 
 
 def format_report(result: dict) -> str:
