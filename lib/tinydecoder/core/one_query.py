@@ -25,7 +25,6 @@ import math
 import numpy as np
 
 from . import skinny
-from .ops import softmax
 from .skinny import dot_rows
 
 prange = range  # numba.prange once compiled (skinny.compiled)
@@ -45,19 +44,17 @@ def attend_last_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int) -> np
     """The newest query of each of B sequences over its first T cached positions, as
     `attend_rows` with one row for each. q: [B, Hq, d]; k, v: [B, Hkv, capacity, d], a `BatchKVCache`'s own
     arrays (whole: a [:, :, :T] view would reach numba as a strided array, and its loops would
-    not vectorise; positions T and later are not read)  -> [B, Hq*d]. Tasks: (sequence, KV
-    head), each reading its contiguous [T, d] block of keys, then of values, once."""
+    not vectorise; positions T and later are not read)  -> [B, Hq*d]. One compiled call; its
+    tasks are (sequence, KV head) pairs, each reading its contiguous [T, d] block of keys, then
+    of values, once (`_attend_batch`)."""
     if not fits_batch(q, k, v, T):
         raise ValueError(f"attend_last_batch needs float32 q [B, Hq, d] and C-contiguous float32 k, v "
                          f"[B, Hkv, capacity, d] with Hq a multiple of Hkv and 0 < T <= capacity, and numba; "
                          f"got q {q.dtype}{list(q.shape)}, k {k.dtype}{list(k.shape)}, "
                          f"v {v.dtype}{list(v.shape)}, T={T}")
     B, Hq, d = q.shape
-    scores = np.empty((B, Hq, T), np.float32)  # [B, Hq, T]
-    skinny.compiled(_scores_batch)(np.ascontiguousarray(q) * np.float32(1.0 / math.sqrt(d)), k, T, scores)
-    weights = softmax(scores)
     out = np.empty((B, Hq, d), np.float32)
-    skinny.compiled(_weighted_values_batch)(weights, v, T, out)
+    skinny.compiled(_attend_batch)(np.ascontiguousarray(q), k, v, T, np.float32(1.0 / math.sqrt(d)), out)
     return out.reshape(B, Hq * d)
 
 
@@ -188,36 +185,40 @@ def _merge(merge, out):  # pragma: no cover - runs compiled by numba
             row[c] *= inv
 
 
-def _scores_batch(q, k, T, scores):  # pragma: no cover - runs compiled by numba
-    """scores[b, j, t] = q[b, j] . k[b, j // g, t] for t < T. Tasks: (sequence, KV head)."""
+def _attend_batch(q, k, v, T, scale, out):  # pragma: no cover - runs compiled by numba
+    """out[b, j] = softmax over t < T of scale * (q[b, j] . k[b, h, t]), times v[b, h, t], where
+    h = j // g. Tasks: (sequence, KV head), each with the g query rows of that head: its scores
+    (each key row read once for the g rows), their softmax, and the weighted values (each value
+    row read once), all in the task's own arrays."""
     B, Hq, d = q.shape
     Hkv = k.shape[1]
     g = Hq // Hkv
     for task in prange(B * Hkv):
         b, h = task // Hkv, task % Hkv
+        rows = q[b, h * g:h * g + g]  # [g, d]
+        scores = np.empty((g, T), np.float32)
         for t in range(T):
-            kt = k[b, h, t]
-            for i in range(g):
-                qj = q[b, h * g + i]
-                s = np.float32(0.0)
-                for c in range(d):
-                    s += qj[c] * kt[c]
-                scores[b, h * g + i, t] = s
-
-
-def _weighted_values_batch(weights, v, T, out):  # pragma: no cover - runs compiled by numba
-    """out[b, j] = sum over t < T of weights[b, j, t] v[b, j // g, t]. Tasks: (sequence, KV head)."""
-    B, Hq, d = out.shape
-    Hkv = v.shape[1]
-    g = Hq // Hkv
-    for task in prange(B * Hkv):
-        b, h = task // Hkv, task % Hkv
+            dot_rows(rows, k[b, h, t], scores, t, d)
         acc = np.zeros((g, d), np.float32)
+        for i in range(g):
+            row = scores[i]
+            top = row[0]
+            for t in range(1, T):
+                top = max(top, row[t])
+            total = np.float32(0.0)
+            for t in range(T):
+                e = np.exp(scale * (row[t] - top))
+                row[t] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for t in range(T):
+                row[t] *= inv
         for t in range(T):
             vt = v[b, h, t]
             for i in range(g):
-                w = weights[b, h * g + i, t]
+                w = scores[i, t]
                 for c in range(d):
                     acc[i, c] += w * vt[c]
         for i in range(g):
-            out[b, h * g + i] = acc[i]
+            for c in range(d):
+                out[b, h * g + i, c] = acc[i, c]
