@@ -35,23 +35,22 @@ import importlib.util
 
 import numpy as np
 
-# numba is optional (pip install "tinydecoder[fast]") and imported on the first product only, so
-# that a notebook on the toy models never pays for importing it.
-
 
 def _fast_extra_installed() -> bool:
-    """Both packages of the [fast] extra: numba, and threadpoolctl to hold numpy's BLAS to one
-    thread while numba's threads run. numba alone is not used: with BLAS's threads spinning beside
-    numba's on the same cores, a 100-token SmolLM2 prefill took 1.1 s instead of 0.28 s (measured)."""
+    """Whether both packages of the [fast] extra are installed: numba, and threadpoolctl to hold
+    numpy's BLAS to one thread while numba's threads run. numba alone is not used: with BLAS's
+    threads spinning beside numba's on the same cores, a 100-token SmolLM2 prefill took 1.1 s
+    instead of 0.28 s (measured). numba is imported on the first product only, so that a
+    notebook on the toy models never pays for importing it."""
     return all(importlib.util.find_spec(name) is not None for name in ("numba", "threadpoolctl"))
 
 
-_HAVE_NUMBA = _fast_extra_installed()
+_HAVE_FAST = _fast_extra_installed()
 
 
 def available() -> bool:
     """True when numba and threadpoolctl are installed (the [fast] extra), so `rows_times` runs."""
-    return _HAVE_NUMBA
+    return _HAVE_FAST
 
 
 _blas = None
