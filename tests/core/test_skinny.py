@@ -1,10 +1,11 @@
-"""core/skinny.py: a few rows times an out-major weight, each weight read once (numba), and the
-fast path that uses it; core/one_query.py's attention of the newest rows (numba). The kernel is
-checked against float64 products (outputs not a multiple of its 4, one to 33 rows, odd sizes,
-strided inputs); the fast path with it against the reference path on float32 models whose
-weights are NOT shared with the reference side, for decode, a few rows (speculative
-verification), batches of 2-40 rows and prefill (in blocks of rows); and the fast path without
-numba (hidden) against the same. Speed is never asserted (serving/bench.py measures it)."""
+"""core/skinny.py: a few rows times an out-major weight, each weight read once (numba), and
+core/tiles.py's register tiles for more rows; the fast path that uses them; core/one_query.py's
+attention of the newest rows (numba). The kernels are checked against float64 products (outputs
+not a multiple of skinny's 4 or of a tile's 6, one to 100 rows: a tile's 16 rows, partly or
+wholly filled, odd sizes, strided inputs); the fast path with them against the reference path on
+float32 models whose weights are NOT shared with the reference side, for decode, a few rows
+(speculative verification), batches of 2-40 rows and prefill; and the fast path without numba
+(hidden) against the same. Speed is never asserted (serving/bench.py measures it)."""
 import numpy as np
 import pytest
 
@@ -30,27 +31,39 @@ def tokens(n, seed=0):
 
 
 @needs_numba
-@pytest.mark.parametrize("K, N", [(64, 96), (37, 5), (300, 1), (16, 2), (24, 13), (9, 23)])
-@pytest.mark.parametrize("M", list(range(1, 12)) + [16, 33])
-def test_rows_times_equals_the_product(K, N, M):
+@pytest.mark.parametrize("module", ["skinny", "tiles"])
+@pytest.mark.parametrize("K, N", [(64, 96), (37, 5), (300, 1), (16, 2), (24, 13), (9, 23), (0, 7)])
+@pytest.mark.parametrize("M", list(range(1, 12)) + [16, 17, 33, 100])
+def test_rows_times_equals_the_product(module, K, N, M):
+    """skinny's sweeps and tiles.py's register tiles, each for any number of rows (fast.project
+    gives the tiles more than 8): N = 96 fills every tile, the other N leave outputs past the last
+    whole tile of 6 (and of skinny's 4); M = 16, 17, 33 and 100 fill one tile of rows, or leave a
+    partial last one; K = 0 is a sum of nothing."""
+    from tinydecoder.core import tiles
+
+    rows_times = {"skinny": skinny.rows_times, "tiles": tiles.rows_times}[module]
     rng = np.random.default_rng(K * 100 + N * 10 + M)
     w = np.asfortranarray(rng.standard_normal((K, N)).astype(np.float32))
     x = rng.standard_normal((M, K + 3)).astype(np.float32)[:, 2:K + 2]  # a strided view
     out = np.full((M, N), np.nan, np.float32)
-    assert skinny.rows_times(x, w, out) is out
+    assert rows_times(x, w, out) is out
     want = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max() + 1e-6)
 
 
 @needs_numba
-def test_rows_times_refuses_what_it_cannot_read():
+@pytest.mark.parametrize("module", ["skinny", "tiles"])
+def test_rows_times_refuses_what_it_cannot_read(module):
+    from tinydecoder.core import tiles
+
+    rows_times = {"skinny": skinny.rows_times, "tiles": tiles.rows_times}[module]
     x = np.ones((2, 8), np.float32)
     with pytest.raises(ValueError, match=r"out-major .*got x float32\[2, 8\], w float32\[8, 4\] C"):
-        skinny.rows_times(x, np.ones((8, 4), np.float32), np.empty((2, 4), np.float32))
+        rows_times(x, np.ones((8, 4), np.float32), np.empty((2, 4), np.float32))
     with pytest.raises(ValueError, match="float64"):
-        skinny.rows_times(x.astype(np.float64), np.ones((8, 4), np.float32, order="F"), np.empty((2, 4)))
+        rows_times(x.astype(np.float64), np.ones((8, 4), np.float32, order="F"), np.empty((2, 4)))
     with pytest.raises(ValueError, match=r"C-contiguous float32 out of shape \[2, 4\], got float32\[2, 5\]"):
-        skinny.rows_times(x, np.ones((8, 4), np.float32, order="F"), np.empty((2, 5), np.float32))
+        rows_times(x, np.ones((8, 4), np.float32, order="F"), np.empty((2, 5), np.float32))
 
 
 @pytest.mark.parametrize("missing", ["numba", "threadpoolctl"])
@@ -90,10 +103,13 @@ def kernel(request, monkeypatch):
         if not skinny.available():
             pytest.skip("numba is not installed")
         monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
-        monkeypatch.setattr(tunables, "SKINNY_ROWS", 16)  # blocks of 16 rows: a 30-row prefill runs as 16 + 14
-        calls = []
-        real = skinny.product  # what fast.project calls (rows_times without its checks)
-        monkeypatch.setattr(skinny, "product", lambda x, w, out: calls.append(x.shape[0]) or real(x, w, out))
+        from tinydecoder.core import tiles
+
+        calls = []  # (kernel, rows) of each product fast.project runs in numba
+        for name, module in (("skinny", skinny), ("tiles", tiles)):  # what fast.project calls: rows_times without its checks
+            real = module.product
+            monkeypatch.setattr(module, "product", lambda x, w, out, real=real, name=name:
+                                calls.append((name, x.shape[0])) or real(x, w, out))
         return calls
     monkeypatch.setattr(skinny, "_HAVE_FAST", False)
     return None
@@ -110,8 +126,8 @@ def test_fast_path_with_and_without_numba_equals_reference(name, kernel):
     assert_float32_close(fast.forward(mine, ids[30:34], cache), want[30:34])  # 4 guesses checked at once
     for i in range(34, 40):  # decode steps
         assert_float32_close(fast.forward(mine, ids[i:i + 1], cache, last_only=True), want[i:i + 1])
-    if kernel is not None:  # numba ran the prefill's 30 rows (16 + 14), the 4-row check and the 1-row steps
-        assert {1, 4, 14, 16} <= set(kernel) and max(kernel) == 16
+    if kernel is not None:  # numba ran the prefill's 30 rows (tiles), the 4-row check and the 1-row steps (sweeps)
+        assert {("tiles", 30), ("skinny", 4), ("skinny", 1)} <= set(kernel)
     rows = [tokens(n, seed=s) for s, n in enumerate([3, 1, 5, 2])]
     for got, ids_s in zip(fast.forward_batch(mine, rows), rows):
         assert_float32_close(got, reference.forward(ref, ids_s))
@@ -130,8 +146,8 @@ def test_batched_decode_with_the_kernel_equals_reference(batch, kernel):
     got = fast.forward_batch(mine, nxt, stacked, last_only=True)
     for b in range(batch):
         assert_float32_close(got[b], reference.forward(ref, prompts[b] + nxt[b])[-1:])
-    if kernel is not None:  # 40 rows run in blocks of 16, 16 and 8
-        assert set(kernel) == ({batch} if batch <= 16 else {16, batch % 16})
+    if kernel is not None:  # every product of the step runs in numba, all B rows in one call
+        assert set(kernel) == {("skinny" if batch <= tunables.SWEEPS_UP_TO_ROWS else "tiles", batch)}
 
 
 @needs_numba

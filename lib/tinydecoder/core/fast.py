@@ -167,16 +167,20 @@ def _attend_block(q, k, v, g):
 def project(x, w, out):
     """out = x @ w for x [M, K], w [K, N] (as stored), choosing the kernel. Float32 rows times an
     out-major weight (SmolLM2's, `checkpoint.weights`) of at least SKINNY_MIN_WEIGHTS weights run
-    in `skinny.rows_times` when numba is installed, SKINNY_ROWS rows at a time: each block of
-    rows reads each weight once, and a block's rows stay in cache.
+    in numba when it is installed, all rows in one call: up to SWEEPS_UP_TO_ROWS rows in
+    `skinny`'s sweeps (each weight read once for all rows), more in `tiles`' register tiles.
     Otherwise numpy's BLAS: one row is a matrix-vector product (GEMV), which streams the
     weights; GEMV_ROWS rows run as that many GEMVs; fewer than PAD_ROWS_TO rows are padded with
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
     tunables.py."""
     M = x.shape[0]
     if w.size >= tunables.SKINNY_MIN_WEIGHTS and skinny.fits(x, w):  # numba: BLAS held to one thread
-        for a in range(0, M, tunables.SKINNY_ROWS):  # out: C-contiguous float32, as rows_times needs
-            skinny.product(x[a:a + tunables.SKINNY_ROWS], w, out[a:a + tunables.SKINNY_ROWS])
+        if M <= tunables.SWEEPS_UP_TO_ROWS:  # out: C-contiguous float32, as both kernels need
+            skinny.product(x, w, out)
+        else:
+            from . import tiles  # imports numba and llvmlite
+
+            tiles.product(x, w, out)
     elif M in tunables.GEMV_ROWS:
         for i in range(M):
             np.matmul(x[i], w, out=out[i])

@@ -14,12 +14,12 @@ for a weight stored "out-major" (Fortran order: the K weights of output n lie to
 the GGUF file; `checkpoint.weights` stores every SmolLM2 matrix so). Each output n is a dot
 product of a contiguous weight row with every input row. A task takes OUTPUTS = 4 weight rows;
 the tasks are split between threads, so each thread walks its half of the matrix front to back.
-Up to ONE_OUTPUT_UP_TO input rows, a task reads its weight rows one after the other, each once
-from memory, and sweeps it against four input rows at a time (`dot_rows`: one loaded weight
-serves four running sums; the next sweeps find the row in cache): the weights stream in memory
-order, which is what a memory-bound product needs. With more rows the arithmetic counts as much
-as the stream, and a sweep takes two weight rows against four input rows (`_dot4x2`: eight
-running sums, fewer loads per multiply-add).
+A task reads its weight rows one after the other, each once from memory, and sweeps it against
+four input rows at a time (`dot_rows`: one loaded weight serves four running sums; the next
+sweeps find the row in cache): the weights stream in memory order, which is what a
+memory-bound product needs. It computes any number of rows, but beyond a few the arithmetic
+counts more than the stream: `fast.project` gives more than tunables.SWEEPS_UP_TO_ROWS rows to
+`tiles.py`, whose register tiles feed more multiply-adds per load.
 
 (tunables.py records what was measured.)
 
@@ -97,6 +97,13 @@ def fits(x: np.ndarray, w: np.ndarray) -> bool:
 def rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = x @ w for x [M, K] float32 and w [K, N] float32 in Fortran order (see `fits`);
     out [M, N] float32, C-contiguous, written in place and returned."""
+    check_rows_times(x, w, out)
+    return product(x, w, out)
+
+
+def check_rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """ValueError unless `fits(x, w)` and out is a C-contiguous float32 [M, N] (this module's and
+    tiles.py's `rows_times`)."""
     if not fits(x, w):
         raise ValueError(f"rows_times needs float32 x [M, K] and an out-major (Fortran-order) float32 w [K, N]; "
                          f"got x {x.dtype}{list(x.shape)}, w {w.dtype}{list(w.shape)} "
@@ -105,7 +112,6 @@ def rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     if out.shape != (x.shape[0], w.shape[1]) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"rows_times writes a C-contiguous float32 out of shape {[x.shape[0], w.shape[1]]}, "
                          f"got {out.dtype}{list(out.shape)}")
-    return product(x, w, out)
 
 
 def product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -115,10 +121,9 @@ def product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 OUTPUTS = 4  # outputs per task: their weight rows stay in cache while every input row passes
-ONE_OUTPUT_UP_TO = 8  # up to this many rows, each output's weights are read alone, front to back
 prange = range  # numba.prange once compiled (see `compiled`): the loops it marks are split between threads
 _compiled = {}
-INLINE = ("dot_rows", "_dot1", "_dot2", "_dot3", "_dot4", "_dot4x2")  # small functions compiled into the kernel (`compiled`)
+INLINE = ("dot_rows", "_dot1", "_dot2", "_dot3", "_dot4")  # small functions compiled into the kernel (`compiled`)
 
 
 def compiled(fn, parallel: bool = True):
@@ -190,21 +195,11 @@ def _kernel():
 
 def _rows_times_rows(x, wt, out):  # pragma: no cover - runs compiled by numba
     """out[m, n] = x[m] . wt[n] for x [M, K], wt [N, K] (both C-contiguous)."""
-    M, K = x.shape
     N = wt.shape[0]
-    for p in prange(N // OUTPUTS):  # a task: four outputs (four weight rows)
-        n = OUTPUTS * p
-        if M <= ONE_OUTPUT_UP_TO:  # few rows: one weight row at a time, read front to back
-            for j in range(n, n + OUTPUTS):
-                dot_rows(x, wt[j], out, j, K)
-        else:  # more rows: 4 rows x 2 outputs per sweep, fewer loads per multiply-add
-            m = 0
-            while m + 4 <= M:
-                _dot4x2(x, m, wt[n], wt[n + 1], out, n, K)
-                _dot4x2(x, m, wt[n + 2], wt[n + 3], out, n + 2, K)
-                m += 4
-            for j in range(n, n + OUTPUTS):
-                dot_rows(x[m:], wt[j], out[m:], j, K)
+    K = x.shape[1]
+    for p in prange(N // OUTPUTS):  # a task: four outputs (four weight rows), each read front to back
+        for j in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS):
+            dot_rows(x, wt[j], out, j, K)
     for j in range(OUTPUTS * (N // OUTPUTS), N):  # the last N % 4 outputs
         dot_rows(x, wt[j], out, j, K)
     return out
@@ -227,7 +222,7 @@ def dot_rows(x, w, out, n, K):  # pragma: no cover - runs compiled by numba
         _dot1(x, m, w, out, n, K)
 
 
-# The sweeps: R rows times one or two weight rows, one running sum each (in registers). Each
+# The sweeps: R rows times one weight row, one running sum each (in registers). Each
 # loaded weight serves R rows; numba vectorises the loop over k (8 floats at a time on AVX2).
 
 def _dot1(x, m, w, out, n, K):  # pragma: no cover - runs compiled by numba
@@ -269,20 +264,3 @@ def _dot4(x, m, w, out, n, K):  # pragma: no cover - runs compiled by numba
         sc += c[k] * u
         sd += d[k] * u
     out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = sa, sb, sc, sd
-
-
-def _dot4x2(x, m, w0, w1, out, n, K):  # pragma: no cover - runs compiled by numba
-    a, b, c, d = x[m], x[m + 1], x[m + 2], x[m + 3]
-    a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = np.float32(0.0)
-    for k in range(K):
-        u, v = w0[k], w1[k]
-        a0 += a[k] * u
-        a1 += a[k] * v
-        b0 += b[k] * u
-        b1 += b[k] * v
-        c0 += c[k] * u
-        c1 += c[k] * v
-        d0 += d[k] * u
-        d1 += d[k] * v
-    out[m, n], out[m + 1, n], out[m + 2, n], out[m + 3, n] = a0, b0, c0, d0
-    out[m, n + 1], out[m + 1, n + 1], out[m + 2, n + 1], out[m + 3, n + 1] = a1, b1, c1, d1

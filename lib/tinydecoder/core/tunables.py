@@ -31,19 +31,18 @@ ONE_QUERY_GEMM_FROM = 320
 # against 2.06-2.08 with numpy (contexts 512; equal at 128).
 ATTEND_ROWS_UP_TO = 8
 
-# `fast.project` with numba: float32 rows times an out-major weight run in `skinny.rows_times`, this
-# many rows at a time (each block reads the weights once; its rows stay in cache). SmolLM2's
-# matrices, all 30 layers and the head, 2 threads, in ms, the kernel against numpy's GEMM (split
-# over two threads): 1 row 16 / 37, 8 rows 33 / 54, 32 rows 41 / 87, 64 rows 74 / 128, 100 rows
-# 124 / 176, 500 rows 751 / 1053 in one block, 564 in blocks of 64 (128: 687, 256: 606).
-# The kernel's layout (December 2026, the same 121 matrices as distinct copies, nothing in cache,
-# medians of 6, ms for 1 / 2 / 3 / 4 / 8 / 16 / 64 rows): eight weight rows at a time, each input
-# value serving eight sums: 27-32 / 28-34 / 33-39 / 37-41 / 47-53 / 71-72 / 219-271; each weight
-# row read alone front to back, four input rows per sweep: 20-23 / 21-24 / 22-25 / 26-27 /
-# 37-40 / 72-74 / 306; two weight rows against four input rows: 24-35 / 26-28 / 27-29 / 33-35
-# / 43-46 / 65 / 183-231. The kernel takes the second up to 8 rows (skinny.ONE_OUTPUT_UP_TO),
-# the third above.
-SKINNY_ROWS = 64
+# `fast.project` with numba: float32 rows times an out-major weight, in one call for all rows:
+# up to this many rows `skinny`'s sweeps (each weight row read alone, front to back, four input
+# rows per sweep), more rows `tiles.py`'s register tiles (6 outputs x 16 rows, the next task's
+# weights prefetched). SmolLM2's 121 matrices as distinct copies, nothing in cache, 2 threads,
+# medians of 5, ms, sweeps / tiles (December 2026, on 2 vCPUs of an AMD EPYC of family 25,
+# Zen 3): 1 row 21-26 / 46-53, 4 rows 28-29 / 42-48, 8 rows 44-57 / 44-59, 16 rows 71-87 /
+# 46-48 (tiles without the prefetch: 54-67), 64 rows 180-207 / 155-164, 500 rows 1,546-1,603 /
+# 1,127-1,163 (numpy's GEMM on 2 threads: 1,000-1,141). The 120 layer matrices alone at 500
+# rows: tiles in one call 908, in blocks of 128 rows 902, of 64 rows 947, numpy's GEMM 911.
+# Earlier, on the Zen 5 machine of MEASURED_ON, sweeps of two weight rows against four input
+# rows took 65 ms at 16 rows and 183-231 at 64, and beat numpy's GEMM at every row count.
+SWEEPS_UP_TO_ROWS = 8
 # ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
 SKINNY_MIN_WEIGHTS = 1 << 16
@@ -66,6 +65,6 @@ BLAS_SPIN_SECONDS = 0.2
 TRIM_BYTES = 256 << 20
 MMAP_BYTES = 32 << 20
 
-TABLE = {"SKINNY_ROWS": SKINNY_ROWS, "SKINNY_MIN_WEIGHTS": SKINNY_MIN_WEIGHTS, "QUERY_BLOCK": QUERY_BLOCK,
+TABLE = {"SWEEPS_UP_TO_ROWS": SWEEPS_UP_TO_ROWS, "SKINNY_MIN_WEIGHTS": SKINNY_MIN_WEIGHTS, "QUERY_BLOCK": QUERY_BLOCK,
          "ONE_QUERY_GEMM_FROM": ONE_QUERY_GEMM_FROM, "ATTEND_ROWS_UP_TO": ATTEND_ROWS_UP_TO, "GEMV_ROWS": GEMV_ROWS,
          "PAD_ROWS_TO": PAD_ROWS_TO, "BLAS_SPIN_SECONDS": BLAS_SPIN_SECONDS, "TRIM_BYTES": TRIM_BYTES, "MMAP_BYTES": MMAP_BYTES}
