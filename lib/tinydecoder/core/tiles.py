@@ -4,9 +4,9 @@ than tunables.SWEEPS_UP_TO_ROWS rows (a batch's decode step, a prefill). Needs n
 
 Why. With M rows a product does 2*M FLOPs per weight. From ~8 rows on, that arithmetic, not the
 read of the weights, sets the time, and what counts is how many multiply-adds each load feeds.
-skinny's sweeps are dot products along k (one running sum per pair of rows, each a vector of
-partial sums): every step loads a weight vector and an input vector for each multiply-add or
-two, and each of the M x N sums ends in a horizontal add. A BLAS GEMM instead keeps a small tile
+skinny's sweeps are dot products along k (one running sum per input row and weight row, each a
+vector of 8 partial sums): each vector multiply-add needs a load or two of its own, and each of
+the M x N sums ends in a horizontal add. A BLAS GEMM instead keeps a small tile
 of the output in registers and grows it by outer products:
 
     acc[r, j] += w[n + r, k] * x[m + j, k]       for k = 0 .. K-1,  r < 6, j < 16
