@@ -16,7 +16,8 @@ computed together, so each key or value row is loaded once for all of them. The 
 by positions: a task walks a contiguous block of the cache in memory order, with its own
 softmax (its max, its sum of exponentials, its weighted values), and the blocks are merged at
 the end as flash-decoding merges its splits (notebook 12). TASKS_PER_THREAD tasks per numba
-thread. Same numbers as `ops.attention`, up to the order of float32 sums (tests bound it).
+thread. The softmax's exponentials are `vexp.exp_le0`, which LLVM vectorises. Same numbers as
+`ops.attention`, up to the order of float32 sums and exp's last bits (tests bound it).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from . import skinny
 from .skinny import dot_rows
 
 prange = range  # numba.prange once compiled (skinny.compiled)
-INLINE = ("dot_rows", "_block_scores", "_block_softmax", "_merge")  # compiled into `_attend_rows` (skinny.compiled)
+INLINE = ("dot_rows", "_block_scores", "_block_softmax", "_merge", "vexp.exp_le0")  # compiled into the kernels (skinny.compiled)
+exp_le0 = None  # vexp.exp_le0, a vectorisable exp(x <= 0), bound by skinny.compiled (vexp imports numba)
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
 
 
@@ -156,7 +158,7 @@ def _block_softmax(scores, a, b, everyone, S, merge):  # pragma: no cover - runs
             for t in range(1, stop):
                 top = max(top, row[t])
             for t in range(stop):
-                e = np.exp(row[t] - top)
+                e = exp_le0(row[t] - top)
                 row[t] = e
                 total += e
         merge[j, d], merge[j, d + 1] = top, total
@@ -207,7 +209,7 @@ def _attend_batch(q, k, v, T, scale, out):  # pragma: no cover - runs compiled b
                 top = max(top, row[t])
             total = np.float32(0.0)
             for t in range(T):
-                e = np.exp(scale * (row[t] - top))
+                e = exp_le0(scale * (row[t] - top))
                 row[t] = e
                 total += e
             inv = np.float32(1.0) / total

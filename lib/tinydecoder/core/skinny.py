@@ -157,11 +157,17 @@ def compiled(fn, parallel: bool = True):
 def _bind(names: dict) -> None:
     """Bind, in a module's namespace `names`, what its compiled functions call: numba.prange for
     `prange`, and each helper named in its INLINE compiled to be inlined (a helper imported from
-    another module is compiled there, with that module's own helpers)."""
+    another module is compiled there, with that module's own helpers; "module.name" names one of a
+    module of this package that imports numba itself, imported now, as `vexp.exp_le0`)."""
+    import importlib
+
     import numba
 
     names["prange"] = numba.prange
     for name in names.get("INLINE", ()):
+        if "." in name:  # a module that needs numba to import: bound here, not by an import at the top
+            module, name = name.rsplit(".", 1)
+            names[name] = getattr(importlib.import_module(f"{__package__}.{module}"), name)
         helper = names[name]
         if hasattr(helper, "py_func"):  # compiled already
             continue
