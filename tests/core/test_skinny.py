@@ -103,13 +103,16 @@ def kernel(request, monkeypatch):
         if not skinny.available():
             pytest.skip("numba is not installed")
         monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
-        from tinydecoder.core import tiles
+        from tinydecoder.core import prefill_attention, tiles
 
-        calls = []  # (kernel, rows) of each product fast.project runs in numba
+        calls = []  # (kernel, rows) of each product fast.project runs in numba, and of each prefill's attention
         for name, module in (("skinny", skinny), ("tiles", tiles)):  # what fast.project calls: rows_times without its checks
             real = module.product
             monkeypatch.setattr(module, "product", lambda x, w, out, real=real, name=name:
                                 calls.append((name, x.shape[0])) or real(x, w, out))
+        real_attention = prefill_attention.attend_prefill
+        monkeypatch.setattr(prefill_attention, "attend_prefill",
+                            lambda q, k, v: calls.append(("attention", q.shape[0])) or real_attention(q, k, v))
         return calls
     monkeypatch.setattr(skinny, "_HAVE_FAST", False)
     return None
@@ -127,7 +130,7 @@ def test_fast_path_with_and_without_numba_equals_reference(name, kernel):
     for i in range(34, 40):  # decode steps
         assert_float32_close(fast.forward(mine, ids[i:i + 1], cache, last_only=True), want[i:i + 1])
     if kernel is not None:  # numba ran the prefill's 30 rows (tiles), the 4-row check and the 1-row steps (sweeps)
-        assert {("tiles", 30), ("skinny", 4), ("skinny", 1)} <= set(kernel)
+        assert {("tiles", 30), ("skinny", 4), ("skinny", 1), ("attention", 30)} <= set(kernel)
     rows = [tokens(n, seed=s) for s, n in enumerate([3, 1, 5, 2])]
     for got, ids_s in zip(fast.forward_batch(mine, rows), rows):
         assert_float32_close(got, reference.forward(ref, ids_s))
@@ -311,3 +314,30 @@ def test_the_vectorised_exp_of_the_attention_kernels_matches_numpy():
     assert np.abs(got[inside] / want[inside] - 1).max() < 5e-7
     assert got[x == 0].tolist() == [1.0, 1.0]
     np.testing.assert_allclose(got[~inside], np.exp(np.float64(-87)), rtol=5e-7)
+
+
+@needs_numba
+@pytest.mark.parametrize("Hq, Hkv, d", [(9, 3, 64), (6, 2, 8), (4, 4, 10), (6, 1, 16)])
+@pytest.mark.parametrize("S, past", [(9, 0), (16, 0), (17, 3), (70, 30), (130, 0)])
+def test_attention_of_many_new_rows_is_causal_and_equals_the_reference(Hq, Hkv, d, S, past):
+    """core.prefill_attention.attend_prefill (a prefill, a long chunk): S new queries over the
+    past + S cached positions, each seeing the positions up to its own, as ops.attention computes
+    it in float64. Rows per KV head (S * Hq / Hkv) not a multiple of the tile's 16, head sizes not
+    a multiple of its 6 columns, a past, and one KV head for all."""
+    from tinydecoder.core import ops, prefill_attention
+
+    rng = np.random.default_rng(S * 100 + past + Hq + d)
+    q = (rng.standard_normal((S, Hq, d)) * 2).astype(np.float32)
+    k = (rng.standard_normal((past + S, Hkv, d)) * 2).astype(np.float32)
+    v = rng.standard_normal((past + S, Hkv, d)).astype(np.float32)
+    got = prefill_attention.attend_prefill(q, k, v)
+    want = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))  # [S, Hq*d]
+    assert got.shape == (S, Hq * d) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    v2 = v.copy()
+    v2[-1] += 100.0  # the last position: only the last query sees it
+    again = prefill_attention.attend_prefill(q, k, v2)
+    np.testing.assert_array_equal(again[:-1], got[:-1])
+    assert np.abs(again[-1] - got[-1]).max() > 1e-3
+    with pytest.raises(ValueError, match=r"0 < S <= T.*got q float32\[" + str(S)):
+        prefill_attention.attend_prefill(q, k[:S - 1], v[:S - 1])

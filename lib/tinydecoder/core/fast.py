@@ -14,7 +14,10 @@ layer, each with its own temporaries. Here, per forward pass:
 - one query over a long cache (a decode step at T >= ONE_QUERY_GEMM_FROM) attends in two GEMMs
   over all KV heads at once (`attend_one_query`), which the BLAS library spreads over threads;
 - B sequences of equal length in a `BatchKVCache` ([B, Hkv, T, d] per layer, `batch_cache.py`)
-  attend in ONE call per layer instead of B.
+  attend in ONE call per layer instead of B;
+- with numba (the `fast` extra), float32 products and attention run in compiled kernels:
+  `skinny` (up to 8 rows) and `tiles` (more) for the products, `one_query` for a decode step or a
+  few new rows, `prefill_attention` for more.
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
 used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
@@ -234,6 +237,10 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
             qa, qb = (a, b) if rows is None else (s, s + 1)
             if qb - qa <= ATTEND_ROWS_UP_TO and one_query.fits_rows(q[qa:qb], k_all, v_all):
                 out[qa:qb] = one_query.attend_rows(q[qa:qb], k_all, v_all)  # numba: the cache read once
+            elif qb - qa > ATTEND_ROWS_UP_TO and one_query.fits_rows(q[qa:qb], k_all, v_all):
+                from . import prefill_attention  # imports numba: register tiles on every core
+
+                out[qa:qb] = prefill_attention.attend_prefill(q[qa:qb], k_all, v_all)
             elif qb - qa == 1 and len(k_all) >= ONE_QUERY_GEMM_FROM and k_all.flags.c_contiguous:
                 out[qa] = attend_one_query(q[qa], k_all, v_all)
             else:

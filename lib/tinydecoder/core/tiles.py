@@ -87,7 +87,7 @@ def _rows_times_tiles(xp, x, wt, out, threads):  # pragma: no cover - runs compi
         for p in range(t * tasks // threads, (t + 1) * tasks // threads):
             n = OUTPUTS * p
             for b in range(blocks):
-                tile(wt, n, xp, b, acc)
+                tile(wt, n, xp, b, K, acc)
                 m = ROWS * b
                 for j in range(min(ROWS, M - m)):
                     for r in range(OUTPUTS):
@@ -98,18 +98,18 @@ def _rows_times_tiles(xp, x, wt, out, threads):  # pragma: no cover - runs compi
 
 
 @intrinsic
-def tile(typingctx, wt, n, xp, b, acc):
-    """acc[r, j] = sum_k wt[n + r, k] * xp[b, k, j], r < 6, j < 16 (compiled code only).
-    wt [N, K], xp [blocks, K, 16] and acc [6, 16]: C-contiguous float32 arrays; K > 0."""
+def tile(typingctx, wt, n, xp, b, K, acc):
+    """acc[r, j] = sum_{k < K} wt[n + r, k] * xp[b, k, j], r < 6, j < 16 (compiled code only).
+    wt [N, >= K], xp [blocks, >= K, 16] and acc [6, 16]: C-contiguous float32 arrays; 0 < K.
+    Rows n .. n + 5 of wt must exist (the next 6 are prefetched: a prefetch never faults)."""
     f32 = types.float32
     if not all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (wt, xp, acc)):
         return None  # numba reports that no signature matches
-    sig = types.void(wt, n, xp, b, acc)
+    sig = types.void(wt, n, xp, b, K, acc)
 
     def codegen(context, builder, signature, args):
-        arrays = [context.make_array(ty)(context, builder, val) for ty, val in
-                  zip(signature.args[::2], args[::2])]  # wt, xp, acc
-        n_, b_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3))
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5)]  # wt, xp, acc
+        n_, b_, K = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
         float_ = ir.FloatType()
         vec = ir.VectorType(float_, 8)
         i64, i32 = ir.IntType(64), ir.IntType(32)
@@ -124,10 +124,11 @@ def tile(typingctx, wt, n, xp, b, acc):
             return builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
 
         wa, xa, aa = arrays
-        K = cgutils.unpack_tuple(builder, wa.shape)[1]
-        w_rows = [builder.gep(floats(wa), [builder.mul(builder.add(n_, const(r)), K)]) for r in range(OUTPUTS)]
-        x_block = builder.gep(floats(xa), [builder.mul(b_, builder.mul(K, const(ROWS)))])
-        ahead = builder.gep(w_rows[0], [builder.mul(K, const(OUTPUTS * PREFETCH_TASKS))])
+        w_stride = cgutils.unpack_tuple(builder, wa.shape)[1]  # floats from one row of wt to the next
+        x_stride = builder.mul(cgutils.unpack_tuple(builder, xa.shape)[1], const(ROWS))  # from block to block
+        w_rows = [builder.gep(floats(wa), [builder.mul(builder.add(n_, const(r)), w_stride)]) for r in range(OUTPUTS)]
+        x_block = builder.gep(floats(xa), [builder.mul(b_, x_stride)])
+        ahead = builder.gep(w_rows[0], [builder.mul(w_stride, const(OUTPUTS * PREFETCH_TASKS))])
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v8f32")
         prefetch = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),

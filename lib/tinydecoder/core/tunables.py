@@ -24,8 +24,14 @@ QUERY_BLOCK = 64
 ONE_QUERY_GEMM_FROM = 320
 
 # With numba, up to this many new rows of one sequence (a decode step, guesses checked at once)
-# attend in `one_query.attend_rows`, one compiled call; more run in numpy's batched products
-# (`fast.attend`). Against the numpy path on one BLAS thread (as in a pass), SmolLM2's shapes,
+# attend in `one_query.attend_rows`, one compiled call; more (a prefill) in
+# `prefill_attention.attend_prefill` (register tiles on every core; numpy's batched products,
+# `fast.attend`, run on the one BLAS thread a pass leaves them). The 30 layers' attention, ms,
+# numpy / tiles, S new rows over S positions (December 2026, the Zen 3 machine of
+# SWEEPS_UP_TO_ROWS): 9 rows 1.8-2.7 / 1.9-2.9, 16: 2.5-3.6 / 2.4-3.7, 32: 5.5-8.6 / 3.4-11.6,
+# 64: 13.6-18.1 / 8.1-17.8, 100: 26-30 / 12-19, 500: 283-371 / 167-230 (within noise up to 64
+# rows, faster above). A 500-token prefill: 1.58-1.74 s at this session's start, 1.20-1.35 s
+# with these kernels and tiles.py's. Against the numpy path on one BLAS thread (as in a pass), SmolLM2's shapes,
 # per layer: 1 row 0.6-0.9x its time (at 16-512 keys; equal at 2,048), 2 rows 0.6-0.8x, 4 rows
 # 0.75-1.0x, 8 rows 1.05-1.2x alone but, in SmolLM2 passes over 8 rows, 1.93-1.97 decode steps
 # against 2.06-2.08 with numpy (contexts 512; equal at 128).

@@ -1,0 +1,130 @@
+"""Causal attention of many new queries of one sequence (a prefill, a long chunk) in one compiled
+call on every core: the fast path's attention for more than ATTEND_ROWS_UP_TO new rows when numba
+is installed (`fast.forward`). Imports numba (through tiles.py): `fast` imports it on first use.
+
+Why. numpy's batched products compute it well (`fast.attend`, blocks of 64 queries against the
+keys they may see), but during a pass with numba, numpy's BLAS is held to one thread, so
+attention used one core: ~350 ms of a 500-token SmolLM2 prefill. Here the work is
+tasks of 16 query rows of one KV head, spread over numba's threads, each computing
+
+    P[t, j] = (q_j . k_t) / sqrt(d)     for the keys t up to the position of its last row,
+    w[t, j] = exp(P[t, j] - max_t P) / sum_t exp(...)   over t <= the position of row j,
+    out_j = sum_t w[t, j] v_t
+
+with tiles.py's register tile for both products: 6 keys x 16 rows for the scores (the keys
+are the "weights", the rows' q packed as tiles.pack_rows packs rows), and 6 output columns x
+16 rows for the weighted values (V transposed: each column of V is a "weight row" over t;
+P is stored [t, 16], already the packed layout the tile reads). The softmax runs down the 16
+columns of P at once (`vexp.exp_le0`). Same numbers as `ops.attention` up to float32 rounding
+(tests bound it).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import skinny, tiles
+from .tiles import OUTPUTS, ROWS, tile
+
+prange = range  # numba.prange once compiled (skinny.compiled)
+INLINE = ("vexp.exp_le0", "_scores", "_softmax_columns")  # compiled into `_attend_tasks` (skinny.compiled)
+exp_le0 = None  # vexp.exp_le0, bound by skinny.compiled
+
+
+def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """q: [S, Hq, d] float32, the newest S positions of one sequence; k, v: [T, Hkv, d] float32
+    (the KVCache's layout, the S new positions last)  -> [S, Hq*d]. Query s sees positions
+    0 .. T - S + s."""
+    S, Hq, d = q.shape
+    T, Hkv = k.shape[0], k.shape[1]
+    if not (q.dtype == k.dtype == v.dtype == np.float32 and k.shape == v.shape and k.shape[2] == d
+            and Hq % Hkv == 0 and 0 < S <= T):
+        raise ValueError(f"attend_prefill needs float32 q [S, Hq, d] and k, v [T, Hkv, d] with 0 < S <= T and "
+                         f"Hq a multiple of Hkv; got q {q.dtype}{list(q.shape)}, k {k.dtype}{list(k.shape)}, "
+                         f"v {v.dtype}{list(v.shape)}")
+    g = Hq // Hkv
+    # rows of KV head h: r = s * g + i (query s, head h * g + i), packed in blocks of 16 rows
+    rows = (q.reshape(S, Hkv, g, d) * np.float32(1.0 / math.sqrt(d))).transpose(1, 0, 2, 3).reshape(Hkv, S * g, d)
+    packed = np.stack([tiles.pack_rows(rows[h]) for h in range(Hkv)])  # [Hkv, blocks, d, 16]
+    padded = -(-T // OUTPUTS) * OUTPUTS  # tiles of 6 keys: zero keys past T
+    keys = np.zeros((Hkv, padded, d), np.float32)
+    keys[:, :T] = k.transpose(1, 0, 2)
+    columns = -(-d // OUTPUTS) * OUTPUTS  # tiles of 6 value columns: zero columns past d
+    values_t = np.zeros((Hkv, columns, T), np.float32)  # V transposed: a row per column of V
+    values_t[:, :d] = v.transpose(1, 2, 0)
+    out = np.empty((Hkv, packed.shape[1] * ROWS, d), np.float32)
+    skinny.compiled(_attend_tasks)(packed, keys, values_t, T - S, g, S, out, skinny.threads())
+    return out[:, :S * g].reshape(Hkv, S, g, d).transpose(1, 0, 2, 3).reshape(S, Hq * d)
+
+
+def _attend_tasks(packed, keys, values_t, past, g, S, out, threads):  # pragma: no cover - runs compiled by numba
+    """out[h, r] for every KV head h and row r < S * g (see attend_prefill). Tasks (h, block of
+    16 rows), dealt to the threads in turn (later blocks see more keys: each thread gets some
+    of each)."""
+    Hkv, blocks, d, _ = packed.shape
+    T = values_t.shape[2]
+    columns = values_t.shape[1]
+    for w in prange(threads):
+        acc = np.empty((OUTPUTS, ROWS), np.float32)
+        scores = np.empty((1, keys.shape[1], ROWS), np.float32)  # P [t, 16]: a packed block of rows for the tile
+        stop = np.empty(ROWS, np.int64)  # row j sees keys t < stop[j] (0: a padding row)
+        top = np.empty(ROWS, np.float32)
+        total = np.empty(ROWS, np.float32)
+        for task in range(w, Hkv * blocks, threads):
+            h, b = task % Hkv, task // Hkv
+            seen, everyone = 0, T  # keys t < everyone are seen by all the block's real rows
+            for j in range(ROWS):
+                r = b * ROWS + j
+                stop[j] = past + r // g + 1 if r < S * g else 0
+                seen = max(seen, stop[j])
+                if stop[j] > 0:
+                    everyone = min(everyone, stop[j])
+            p = scores[0]  # [t, 16]
+            _scores(keys[h], packed[h], b, seen, acc, p)
+            _softmax_columns(p, stop, everyone, seen, top, total)
+            for c0 in range(0, columns, OUTPUTS):  # weighted values, 6 columns x 16 rows a tile
+                tile(values_t[h], c0, scores, 0, seen, acc)
+                for j in range(ROWS):
+                    r = b * ROWS + j
+                    if stop[j] > 0:
+                        for i in range(min(OUTPUTS, d - c0)):
+                            out[h, r, c0 + i] = acc[i, j] / total[j]
+    return out
+
+
+def _scores(keys, packed, b, seen, acc, p):  # pragma: no cover - runs compiled by numba
+    """p[t, j] = keys[t] . (row j of packed block b) for t < seen (rounded up to 6), a tile of 6
+    keys x 16 rows at a time."""
+    d = packed.shape[1]
+    for t0 in range(0, seen, OUTPUTS):
+        tile(keys, t0, packed, b, d, acc)
+        for i in range(OUTPUTS):
+            for j in range(ROWS):
+                p[t0 + i, j] = acc[i, j]
+
+
+def _softmax_columns(p, stop, everyone, seen, top, total):  # pragma: no cover - runs compiled by numba
+    """Column j of p [t, 16] -> exp(p - its max) over t < stop[j], 0 below (the keys row j may not
+    see); total[j] = the column's sum. Keys t < everyone are seen by every row: those loops have
+    no condition, and run down the 16 columns at once."""
+    for j in range(ROWS):
+        top[j] = -np.inf
+        total[j] = 0.0
+    for t in range(everyone):
+        for j in range(ROWS):
+            top[j] = max(top[j], p[t, j])
+    for t in range(everyone, seen):
+        for j in range(ROWS):
+            if t < stop[j]:
+                top[j] = max(top[j], p[t, j])
+    for t in range(everyone):
+        for j in range(ROWS):
+            e = exp_le0(p[t, j] - top[j])
+            p[t, j] = e
+            total[j] += e
+    for t in range(everyone, seen):
+        for j in range(ROWS):
+            e = exp_le0(p[t, j] - top[j]) if t < stop[j] else np.float32(0.0)
+            p[t, j] = e
+            total[j] += e
