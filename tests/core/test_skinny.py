@@ -341,3 +341,20 @@ def test_attention_of_many_new_rows_is_causal_and_equals_the_reference(Hq, Hkv, 
     assert np.abs(again[-1] - got[-1]).max() > 1e-3
     with pytest.raises(ValueError, match=r"0 < S <= T.*got q float32\[" + str(S)):
         prefill_attention.attend_prefill(q, k[:S - 1], v[:S - 1])
+
+
+@pytest.mark.parametrize("N", [1, 3, 33])
+def test_swiglu_with_and_without_numba_equals_its_definition(N, kernel):
+    """fast.swiglu_into: with numba one compiled call (exp of -|gate| only, so that vexp's exp
+    applies), without it numpy's five calls; both silu(gate) * up within float32 rounding of
+    float64, for gates from -120 to 120 (exp(-gate) overflows float32 below -88)."""
+    rng = np.random.default_rng(N)
+    F = 37
+    gate_up = np.concatenate([rng.uniform(-120, 120, (N, F)), rng.standard_normal((N, F))], axis=1).astype(np.float32)
+    gate_up[0, :4] = [0.0, -0.0, 1e-30, -1e-30]
+    out = np.full((N, F), np.nan, np.float32)
+    with np.errstate(over="ignore"):  # numpy's form: exp(120) overflows to inf, and g / inf is the right 0
+        assert fast.swiglu_into(gate_up, out) is out
+    g, up = gate_up[:, :F].astype(np.float64), gate_up[:, F:].astype(np.float64)
+    want = g / (1 + np.exp(-g)) * up
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-30)

@@ -91,7 +91,41 @@ def rmsnorm_into(x, weight, eps: float, out):
     return out
 
 
-prange = range  # numba.prange in functions compiled by skinny.compiled (none here runs in parallel)
+prange = range  # numba.prange in functions compiled by skinny.compiled
+INLINE = ("vexp.exp_le0",)  # compiled into `_swiglu_rows` (skinny.compiled)
+exp_le0 = None  # vexp.exp_le0, bound by skinny.compiled (vexp imports numba)
+
+
+def swiglu_into(gate_up, out):
+    """out = silu(gate) * up for gate_up [N, 2F] = [gate | up] (the fused projection's output),
+    out [N, F]; silu(x) = x / (1 + exp(-x)). Float32 with numba: one compiled call on every core
+    (`_swiglu_rows`) in place of five numpy calls on one (SmolLM2's 30 layers, December 2026:
+    1 row 0.38 -> 0.24 ms, 100 rows 15.7 -> 4.3 ms, 500 rows 85 -> 22 ms)."""
+    F = out.shape[1]
+    gate = gate_up[:, :F]
+    if (gate_up.dtype == out.dtype == np.float32 and gate_up.flags.c_contiguous and out.flags.c_contiguous
+            and skinny.available()):
+        skinny.compiled(_swiglu_rows)(gate_up, out, skinny.threads())
+        return out
+    np.negative(gate, out=out)
+    np.exp(out, out=out)
+    out += 1.0
+    np.divide(gate, out, out=out)
+    out *= gate_up[:, F:]
+    return out
+
+
+def _swiglu_rows(gate_up, out, threads):  # pragma: no cover - runs compiled by numba
+    """silu(gate) * up, each thread a share of the rows. exp_le0 takes x <= 0 only: with
+    e = exp(-|g|), silu(g) = g / (1 + e) for g >= 0 and g e / (1 + e) for g < 0 (the same value)."""
+    N, F = out.shape
+    for t in prange(threads):
+        for n in range(t * N // threads, (t + 1) * N // threads):
+            for c in range(F):
+                g = gate_up[n, c]
+                e = exp_le0(-abs(g))
+                s = g / (np.float32(1.0) + e)
+                out[n, c] = (s if g >= 0 else s * e) * gate_up[n, F + c]
 
 
 def _rmsnorm_rows(x, weight, eps, out):  # pragma: no cover - runs compiled by numba
@@ -317,7 +351,7 @@ class _Buffers:
 def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
     """One pre-norm block, x [N, D] -> [N, D] (updated in place); with `rows`, only those rows
     go on past attention (their K/V are still computed and cached for every row)."""
-    Hq, Hkv, d, F = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     N = x.shape[0]
     h = rmsnorm_into(x, layer.attn_norm, cfg.norm_eps, buf.h)  # [N, D]
     if rows is None:  # one matmul for Q, K and V, split where used
@@ -341,12 +375,7 @@ def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
     x += project(out, layer.wo, buf.proj)  # [Nq, D]
     z = rmsnorm_into(x, layer.ffn_norm, cfg.norm_eps, buf.h[:x.shape[0]])
     gate_up = project(z, layer.w_gate_up, buf.gate_up)  # [Nq, 2F]: gate and up side by side
-    gate, hidden = gate_up[:, :F], buf.hidden
-    np.negative(gate, out=hidden)  # SwiGLU: silu(gate) * up, silu(x) = x / (1 + exp(-x))
-    np.exp(hidden, out=hidden)
-    hidden += 1.0
-    np.divide(gate, hidden, out=hidden)
-    hidden *= gate_up[:, F:]
+    hidden = swiglu_into(gate_up, buf.hidden)  # [Nq, F]: silu(gate) * up
     x += project(hidden, layer.w_down, buf.proj)  # [Nq, D]
     return x
 
