@@ -33,12 +33,13 @@ def tokens(n, seed=0):
 @needs_numba
 @pytest.mark.parametrize("module", ["skinny", "tiles"])
 @pytest.mark.parametrize("K, N", [(64, 96), (37, 5), (300, 1), (16, 2), (24, 13), (9, 23), (0, 7)])
-@pytest.mark.parametrize("M", list(range(1, 12)) + [16, 17, 33, 100])
+@pytest.mark.parametrize("M", list(range(1, 12)) + [16, 17, 24, 25, 33, 100])
 def test_rows_times_equals_the_product(module, K, N, M):
     """skinny's sweeps and tiles.py's register tiles, each for any number of rows (fast.project
     gives the tiles more than 8): N = 96 fills every tile, the other N leave outputs past the last
-    whole tile of 6 (and of skinny's 4); M = 16, 17, 33 and 100 fill one tile of rows, or leave a
-    partial last one; K = 0 is a sum of nothing."""
+    whole tile of 6 (and of skinny's 4); for the tiles, M <= 8 is one 8-row tile alone, 9-11 and 25
+    a partly filled 16-row tile, 16 whole ones, 17, 24, 33 and 100 whole ones and a last 8-row
+    tile; K = 0 is a sum of nothing."""
     from tinydecoder.core import tiles
 
     rows_times = {"skinny": skinny.rows_times, "tiles": tiles.rows_times}[module]
