@@ -180,7 +180,7 @@ def _make_tile(rows: int):
                 phi.add_incoming(ir.Constant(vec, None), start)
                 phi.add_incoming(value, loop)
 
-            builder.position_at_end(done)  # acc[r, 0:8], acc[r, 8:16] = the sums
+            builder.position_at_end(done)  # acc[r, 8v:8v+8] = the sums of vector v
             for i, value in enumerate(new):
                 builder.store(value, builder.bitcast(builder.gep(floats(aa), [const(8 * i)]), vec.as_pointer()), align=4)
             return context.get_dummy_value()

@@ -30,11 +30,12 @@ ONE_QUERY_GEMM_FROM = 320
 # numpy / tiles, S new rows over S positions (December 2026, the Zen 3 machine of
 # SWEEPS_UP_TO_ROWS): 9 rows 1.8-2.7 / 1.9-2.9, 16: 2.5-3.6 / 2.4-3.7, 32: 5.5-8.6 / 3.4-11.6,
 # 64: 13.6-18.1 / 8.1-17.8, 100: 26-30 / 12-19, 500: 283-371 / 167-230 (within noise up to 64
-# rows, faster above). A 500-token prefill: 1.58-1.74 s at this session's start, 1.20-1.35 s
-# with these kernels and tiles.py's. Against the numpy path on one BLAS thread (as in a pass), SmolLM2's shapes,
-# per layer: 1 row 0.6-0.9x its time (at 16-512 keys; equal at 2,048), 2 rows 0.6-0.8x, 4 rows
-# 0.75-1.0x, 8 rows 1.05-1.2x alone but, in SmolLM2 passes over 8 rows, 1.93-1.97 decode steps
-# against 2.06-2.08 with numpy (contexts 512; equal at 128).
+# rows, faster above). A whole 500-token prefill: 1.58-1.74 s before this kernel and tiles.py,
+# 1.20-1.35 s with both (the same day, alternating processes). attend_rows against the numpy
+# path on one BLAS thread (as in a pass), SmolLM2's shapes, per layer: 1 row 0.6-0.9x its time
+# (at 16-512 keys; equal at 2,048), 2 rows 0.6-0.8x, 4 rows 0.75-1.0x, 8 rows 1.05-1.2x alone
+# but, in SmolLM2 passes over 8 rows, 1.93-1.97 decode steps against 2.06-2.08 with numpy
+# (contexts 512; equal at 128).
 ATTEND_ROWS_UP_TO = 8
 
 # `fast.project` with numba: float32 rows times an out-major weight, in one call for all rows:
