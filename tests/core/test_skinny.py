@@ -1,6 +1,7 @@
 """core/skinny.py: a few rows times an out-major weight, each weight read once (numba), and
 core/tiles.py's register tiles for more rows; the fast path that uses them; core/one_query.py's
-attention of the newest rows (numba). The kernels are checked against float64 products (outputs
+attention of the newest rows, core/prefill_attention.py's of many, vexp's exp and the compiled
+SwiGLU (numba). The kernels are checked against float64 products (outputs
 not a multiple of skinny's 4 or of a tile's 6, one to 100 rows: a tile's 16 rows, partly or
 wholly filled, odd sizes, strided inputs); the fast path with them against the reference path on
 float32 models whose weights are NOT shared with the reference side, for decode, a few rows
