@@ -156,15 +156,17 @@ def test_batched_decode_with_the_kernel_equals_reference(batch, kernel):
 
 
 @needs_numba
-@pytest.mark.parametrize("Hq, Hkv", [(9, 3), (4, 4), (6, 1)])
+@pytest.mark.parametrize("Hq, Hkv", [(9, 3), (4, 4), (6, 1), (10, 2)])
 @pytest.mark.parametrize("T", [1, 3, 130])
-def test_one_query_attention_equals_the_reference(Hq, Hkv, T):
+@pytest.mark.parametrize("d", [12, 40, 64, 100])
+def test_one_query_attention_equals_the_reference(Hq, Hkv, T, d):
     """core.one_query.attend_rows with one row: the newest query over T cached positions, every head, as
-    ops.attention computes it (float64 reference on the same numbers)."""
+    ops.attention computes it (float64 reference on the same numbers). Head sizes below 32 (no tile
+    of the weighted values), one tile and 8 columns left (40), two tiles (64, SmolLM2's); 1, 3, 5
+    and 6 rows per KV head (tiles of 3 rows, and rows left)."""
     from tinydecoder.core import ops
 
-    rng = np.random.default_rng(T * 10 + Hq)
-    d = 16
+    rng = np.random.default_rng(T * 10 + Hq + d)
     q = rng.standard_normal((Hq, d)).astype(np.float32)
     k = rng.standard_normal((T, Hkv, d)).astype(np.float32)
     v = rng.standard_normal((T, Hkv, d)).astype(np.float32)
@@ -172,22 +174,22 @@ def test_one_query_attention_equals_the_reference(Hq, Hkv, T):
     want = ops.attention(q[None].astype(np.float64), k.astype(np.float64), v.astype(np.float64))  # [1, Hq, d]
     assert got.shape == (1, Hq * d)
     np.testing.assert_allclose(got, want.reshape(1, Hq * d), rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match=rf"Hq a multiple of Hkv.*got q float64\[1, {Hq}, 16\]"):
+    with pytest.raises(ValueError, match=rf"Hq a multiple of Hkv.*got q float64\[1, {Hq}, {d}\]"):
         one_query.attend_rows(q[None].astype(np.float64), k, v)
 
 
 @needs_numba
-@pytest.mark.parametrize("Hq, Hkv", [(9, 3), (4, 4), (6, 1)])
+@pytest.mark.parametrize("Hq, Hkv", [(9, 3), (4, 4), (6, 1), (10, 2)])
 @pytest.mark.parametrize("S, T", [(1, 1), (2, 2), (3, 5), (4, 130), (8, 9), (8, 300), (5, 64)])
-def test_attention_of_the_newest_rows_is_causal_and_equals_the_reference(Hq, Hkv, S, T):
+@pytest.mark.parametrize("d", [16, 64])
+def test_attention_of_the_newest_rows_is_causal_and_equals_the_reference(Hq, Hkv, S, T, d):
     """core.one_query.attend_rows: S new positions (a decode step, guesses checked at once) over
     T cached positions, the S included: each query sees the positions up to its own, as
     ops.attention computes it in float64. T = S (every block of positions holds some query's
     future), T smaller than the number of tasks (empty blocks), and long caches."""
     from tinydecoder.core import ops
 
-    rng = np.random.default_rng(S * 1000 + T * 10 + Hq)
-    d = 16
+    rng = np.random.default_rng(S * 1000 + T * 10 + Hq + d)
     q = (rng.standard_normal((S, Hq, d)) * 2).astype(np.float32)
     k = (rng.standard_normal((T, Hkv, d)) * 2).astype(np.float32)
     v = rng.standard_normal((T, Hkv, d)).astype(np.float32)

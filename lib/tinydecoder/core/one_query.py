@@ -16,8 +16,18 @@ computed together, so each key or value row is loaded once for all of them. The 
 by positions: a task walks a contiguous block of the cache in memory order, with its own
 softmax (its max, its sum of exponentials, its weighted values), and the blocks are merged at
 the end as flash-decoding merges its splits (notebook 12). TASKS_PER_THREAD tasks per numba
-thread. The softmax's exponentials are `vexp.exp_le0`, which LLVM vectorises. Same numbers as
+thread. Inside a task, both products run in tiles.py's intrinsics: the scores eight keys at a
+time per query row (`dots8`: eight dot products reduced together, instead of a horizontal add
+for each), the weighted values one row's weights x 64 columns of V in registers (`tile1x64`).
+The softmax's exponentials are `vexp.exp_le0`, which LLVM vectorises. Same numbers as
 `ops.attention`, up to the order of float32 sums and exp's last bits (tests bound it).
+
+Measured (30 layers of SmolLM2's shapes, every layer's cache cold, 2 threads, December 2026, the
+Zen 3 machine of tunables.SWEEPS_UP_TO_ROWS, medians of 5 alternating runs): one row over 2,048
+positions 7.5 -> 6.9 ms, 8 rows over 512 positions 12.1 -> 7.5 ms, against one dot product per
+key and row and one multiply-add per value row and column. Cold, the order of the reads counts:
+weighted values in tiles of 3 rows x 32 columns (a row of V read in pieces, 6 passes over the
+block) took 8.4-9.9 ms at 2,048 although they were faster in cache.
 """
 from __future__ import annotations
 
@@ -29,8 +39,11 @@ from . import skinny
 from .skinny import dot_rows
 
 prange = range  # numba.prange once compiled (skinny.compiled)
-INLINE = ("dot_rows", "_block_scores", "_block_softmax", "_merge", "vexp.exp_le0")  # compiled into the kernels (skinny.compiled)
+INLINE = ("dot_rows", "_block_scores", "_block_softmax", "_block_values", "_merge", "vexp.exp_le0",
+          "tiles.tile1x64", "tiles.tile1x8", "tiles.dots8", "tiles.prefetch")  # compiled into the kernels (skinny.compiled)
+tile1x64 = tile1x8 = dots8 = prefetch = None  # tiles' intrinsics, bound by skinny.compiled (tiles imports numba)
 exp_le0 = None  # vexp.exp_le0, a vectorisable exp(x <= 0), bound by skinny.compiled (vexp imports numba)
+CHUNK = 64  # positions whose values are weighed together (their V, 48 KB for SmolLM2, stays in cache)
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
 
 
@@ -105,44 +118,40 @@ def _attend_rows(q, k, v, S, merge, out):  # pragma: no cover - runs compiled by
     for part in prange(parts):
         a, b = part * T // parts, (part + 1) * T // parts
         scores = np.empty((R, max(b - a, 1)), np.float32)  # the part's scores, then weights
-        acc = np.zeros((R, d), np.float32)  # its weighted values
+        acc = np.empty((R, d), np.float32)  # its weighted values
         _block_scores(q, k, a, b, scores)
         _block_softmax(scores, a, b, everyone, S, merge[part])
-        for t in range(a, b):  # weighted values: each value row read once
-            for h in range(Hkv):
-                vt = v[t, h]
-                for j in range(h * G, h * G + G):
-                    if t < everyone or t - everyone < j % S:  # (the modulo: only for the last S - 1)
-                        w = scores[j, t - a]
-                        row = acc[j]
-                        for c in range(d):
-                            row[c] += w * vt[c]
+        _block_values(scores, v, a, b, acc)
         merge[part, :, :d] = acc
     _merge(merge, out)
 
 
 def _block_scores(q, k, a, b, scores):  # pragma: no cover - runs compiled by numba
     """scores[j, t - a] = q[j] . k[t, h] for positions a .. b-1, rows h*G .. h*G + G - 1 against KV
-    head h: each key row read once, for the G rows of its KV head, in memory order (a position's KV
-    heads lie side by side). Four or more rows per head: skinny's sweep of four rows per key
-    (0.85-0.9x the time at 4-8 new rows); fewer: one dot product per row (0.86-0.93x at 1)."""
+    head h. Eight positions at a time (when d is a multiple of 8): tiles.dots8 takes one row
+    against the 8 keys of a head, for each row of that head in turn, so the block of keys is read
+    from memory once, in memory order (a position's KV heads lie side by side), and from cache for
+    the other rows; the positions left (or every position, when d is not a multiple of 8): one
+    dot product per row and key."""
     R, d = q.shape
     Hkv = k.shape[1]
     G = R // Hkv
-    if G >= 4:
-        for t in range(a, b):
-            for h in range(Hkv):
-                dot_rows(q[h * G:h * G + G], k[t, h], scores[h * G:h * G + G], t - a, d)
-    else:
-        for t in range(a, b):
-            for h in range(Hkv):
-                kt = k[t, h]
-                for j in range(h * G, h * G + G):
-                    qj = q[j]
-                    s = np.float32(0.0)
-                    for c in range(d):
-                        s += qj[c] * kt[c]
-                    scores[j, t - a] = s
+    width = scores.shape[1]
+    stop = a if d % 8 else a + (b - a) // 8 * 8  # dots8 up to here
+    for t0 in range(a, stop, 8):
+        prefetch(k, (t0 + 16) * Hkv * d, 8 * Hkv * d)  # the keys two blocks ahead, all heads
+        for h in range(Hkv):
+            for j in range(h * G, h * G + G):
+                dots8(k, (t0 * Hkv + h) * d, Hkv * d, q, j * d, d, scores, j * width + t0 - a)
+    for t in range(stop, b):
+        for h in range(Hkv):
+            kt = k[t, h]
+            for j in range(h * G, h * G + G):
+                qj = q[j]
+                s = np.float32(0.0)
+                for c in range(d):
+                    s += qj[c] * kt[c]
+                scores[j, t - a] = s
 
 
 def _block_softmax(scores, a, b, everyone, S, merge):  # pragma: no cover - runs compiled by numba
@@ -161,7 +170,48 @@ def _block_softmax(scores, a, b, everyone, S, merge):  # pragma: no cover - runs
                 e = exp_le0(row[t] - top)
                 row[t] = e
                 total += e
+        for t in range(max(stop, 0), b - a):  # positions row j may not see weigh nothing
+            scores[j, t] = 0.0
         merge[j, d], merge[j, d + 1] = top, total
+
+
+def _block_values(scores, v, a, b, acc):  # pragma: no cover - runs compiled by numba
+    """acc[j] = sum over positions t = a .. b-1 of scores[j, t - a] * v[t, h] for every row j (h: its
+    KV head), the weights of positions row j may not see being 0. In chunks of CHUNK positions:
+    for each row, tiles.py's register tile of one output x 64 columns (8 vectors of sums; per
+    position 8 loads of V and 8 multiply-adds, the sums kept in registers over the chunk), the
+    chunk's sums then added to acc; columns past the last 64 in tiles of 8, then one at a time.
+    A head's value rows are read whole (d numbers side by side): the first row of the head brings
+    the chunk from memory, the others read it from cache."""
+    R, d = acc.shape
+    Hkv = v.shape[1]
+    G = R // Hkv
+    width = scores.shape[1]
+    wide = d - d % 64  # columns in tiles of 64
+    narrow = d - d % 8  # ... and of 8
+    sums = np.empty((1, 64), np.float32)
+    for j in range(R):
+        for c in range(d):
+            acc[j, c] = 0.0
+    for t0 in range(a, b, CHUNK):
+        t1 = min(t0 + CHUNK, b)
+        for h in range(Hkv):
+            for j in range(h * G, h * G + G):
+                row = acc[j]
+                for c0 in range(0, wide, 64):
+                    tile1x64(scores, j * width + t0 - a, v, (t0 * Hkv + h) * d + c0, Hkv * d, t1 - t0, sums)
+                    for c in range(64):
+                        row[c0 + c] += sums[0, c]
+                for c0 in range(wide, narrow, 8):
+                    tile1x8(scores, j * width + t0 - a, v, (t0 * Hkv + h) * d + c0, Hkv * d, t1 - t0, sums)
+                    for c in range(8):
+                        row[c0 + c] += sums[0, c]
+                if narrow < d:
+                    for t in range(t0, t1):
+                        w = scores[j, t - a]
+                        vt = v[t, h]
+                        for c in range(narrow, d):
+                            row[c] += w * vt[c]
 
 
 def _merge(merge, out):  # pragma: no cover - runs compiled by numba

@@ -84,7 +84,7 @@ def _attend_tasks(packed, keys, values_t, past, g, S, out, threads):  # pragma: 
             _scores(keys[h], packed[h], b, seen, acc, p)
             _softmax_columns(p, stop, everyone, seen, top, total)
             for c0 in range(0, columns, OUTPUTS):  # weighted values, 6 columns x 16 rows a tile
-                tile(values_t[h], c0, scores, 0, seen, acc)
+                tile(values_t[h], c0 * T, scores, 0, ROWS, seen, acc)
                 for j in range(ROWS):
                     r = b * ROWS + j
                     if stop[j] > 0:
@@ -98,7 +98,7 @@ def _scores(keys, packed, b, seen, acc, p):  # pragma: no cover - runs compiled 
     keys x 16 rows at a time."""
     d = packed.shape[1]
     for t0 in range(0, seen, OUTPUTS):
-        tile(keys, t0, packed, b, d, acc)
+        tile(keys, t0 * d, packed, b * d * ROWS, ROWS, d, acc)
         for i in range(OUTPUTS):
             for j in range(ROWS):
                 p[t0 + i, j] = acc[i, j]

@@ -158,7 +158,8 @@ def _bind(names: dict) -> None:
     """Bind, in a module's namespace `names`, what its compiled functions call: numba.prange for
     `prange`, and each helper named in its INLINE compiled to be inlined (a helper imported from
     another module is compiled there, with that module's own helpers; "module.name" names one of a
-    module of this package that imports numba itself, imported now, as `vexp.exp_le0`)."""
+    module of this package that imports numba itself, imported now, as `vexp.exp_le0` or the
+    intrinsic `tiles.tile1x64`)."""
     import importlib
 
     import numba
@@ -169,7 +170,7 @@ def _bind(names: dict) -> None:
             module, name = name.rsplit(".", 1)
             names[name] = getattr(importlib.import_module(f"{__package__}.{module}"), name)
         helper = names[name]
-        if hasattr(helper, "py_func"):  # compiled already
+        if hasattr(helper, "py_func") or not hasattr(helper, "__globals__"):  # compiled already, or an intrinsic
             continue
         if helper.__globals__ is not names:
             _bind(helper.__globals__)

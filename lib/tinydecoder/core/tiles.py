@@ -95,13 +95,13 @@ def _rows_times_tiles(full, last, x, wt, out, threads):  # pragma: no cover - ru
         for p in range(t * tasks // threads, (t + 1) * tasks // threads):
             n = OUTPUTS * p
             for b in range(blocks):
-                tile(wt, n, full, b, K, acc)
+                tile(wt, n * wt.shape[1], full, b * K * ROWS, ROWS, K, acc)
                 m = ROWS * b
                 for j in range(min(ROWS, M - m)):
                     for r in range(OUTPUTS):
                         out[m + j, n + r] = acc[r, j]
             if last.shape[0]:
-                tile8(wt, n, last, 0, K, acc8)
+                tile8(wt, n * wt.shape[1], last, 0, 8, K, acc8)
                 m = ROWS * blocks
                 for j in range(M - m):
                     for r in range(OUTPUTS):
@@ -111,23 +111,27 @@ def _rows_times_tiles(full, last, x, wt, out, threads):  # pragma: no cover - ru
     return out
 
 
-def _make_tile(rows: int):
-    """The tile intrinsic for `rows` = 16 or 8 input rows (two vectors of 8 sums per output, or one)."""
+def _make_tile(outputs: int, rows: int):
+    """The tile intrinsic for `outputs` weight rows x `rows` input rows (a multiple of 8: that many
+    vectors of 8 sums per output)."""
     vectors = rows // 8
 
     @intrinsic
-    def tile_(typingctx, wt, n, xp, b, K, acc):
-        """acc[r, j] = sum_{k < K} wt[n + r, k] * xp[b, k, j], r < 6, j < rows (compiled code only).
-        wt [N, >= K], xp [blocks, >= K, rows] and acc [6, rows]: C-contiguous float32 arrays; 0 < K.
-        Rows n .. n + 5 of wt must exist (the next 6 are prefetched: a prefetch never faults)."""
+    def tile_(typingctx, wt, w_start, x, start, step, K, acc):
+        """acc[r, j] = sum_{k < K} wt.flat[w_start + r * N + k] * x.flat[start + k * step + j], r <
+        outputs, j < rows, N = wt.shape[1] (compiled code only: row n of a weight [., N] from its
+        column c is w_start = n * N + c). wt (2-D) and acc [outputs, rows]: C-contiguous float32; x:
+        a C-contiguous float32 array, read as one flat run of numbers (a packed block of rows: step =
+        rows; or a block of another array's rows, `rows` numbers of each, `step` apart); 0 < K.
+        The numbers read must exist (the next rows of wt are prefetched: a prefetch never faults)."""
         f32 = types.float32
-        if not all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (wt, xp, acc)):
+        if not all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (wt, x, acc)):
             return None  # numba reports that no signature matches
-        sig = types.void(wt, n, xp, b, K, acc)
+        sig = types.void(wt, w_start, x, start, step, K, acc)
 
         def codegen(context, builder, signature, args):
-            arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5)]  # wt, xp, acc
-            n_, b_, K = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4))
+            arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 6)]  # wt, x, acc
+            w_start_, start_, step_, K = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4, 5))
             float_ = ir.FloatType()
             vec = ir.VectorType(float_, 8)
             i64, i32 = ir.IntType(64), ir.IntType(32)
@@ -143,10 +147,10 @@ def _make_tile(rows: int):
 
             wa, xa, aa = arrays
             w_stride = cgutils.unpack_tuple(builder, wa.shape)[1]  # floats from one row of wt to the next
-            x_stride = builder.mul(cgutils.unpack_tuple(builder, xa.shape)[1], const(rows))  # from block to block
-            w_rows = [builder.gep(floats(wa), [builder.mul(builder.add(n_, const(r)), w_stride)]) for r in range(OUTPUTS)]
-            x_block = builder.gep(floats(xa), [builder.mul(b_, x_stride)])
-            ahead = builder.gep(w_rows[0], [builder.mul(w_stride, const(OUTPUTS * PREFETCH_TASKS))])
+            w0 = builder.gep(floats(wa), [w_start_])
+            w_rows = [builder.gep(w0, [builder.mul(const(r), w_stride)]) for r in range(outputs)]
+            x_block = builder.gep(floats(xa), [start_])
+            ahead = builder.gep(w_rows[0], [builder.mul(w_stride, const(outputs * PREFETCH_TASKS))])
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v8f32")
             prefetch = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
@@ -154,30 +158,30 @@ def _make_tile(rows: int):
             undef = ir.Constant(vec, ir.Undefined)
             broadcast = ir.Constant(ir.VectorType(i32, 8), None)  # shuffle mask of zeros: lane 0 everywhere
 
-            start = builder.block
+            begin = builder.block
             loop = builder.append_basic_block("tile.k")
             done = builder.append_basic_block("tile.done")
             builder.branch(loop)
             builder.position_at_end(loop)  # for k in range(K):
             k = builder.phi(i64)
-            sums = [builder.phi(vec) for _ in range(vectors * OUTPUTS)]  # [r][vector]: rows 0-7 (, 8-15)
-            x_k = builder.gep(x_block, [builder.mul(k, const(rows))])
+            sums = [builder.phi(vec) for _ in range(vectors * outputs)]  # [r][vector]: rows 0-7, 8-15, ...
+            x_k = builder.gep(x_block, [builder.mul(k, step_)])
             xs = [load_vec(builder.gep(x_k, [const(8 * v)])) for v in range(vectors)]
-            # the next task's 6 weight rows (one block of 6K floats): 6 floats of it per k
-            builder.call(prefetch, [builder.bitcast(builder.gep(ahead, [builder.mul(k, const(OUTPUTS))]),
+            # the next task's weight rows (for a product: one block of 6K floats): `outputs` floats of it per k
+            builder.call(prefetch, [builder.bitcast(builder.gep(ahead, [builder.mul(k, const(outputs))]),
                                                     ir.IntType(8).as_pointer()),
                                     ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
             new = []
-            for r in range(OUTPUTS):
+            for r in range(outputs):
                 w = builder.load(builder.gep(w_rows[r], [k]), align=4)
                 w8 = builder.shuffle_vector(builder.insert_element(undef, w, ir.Constant(i32, 0)), undef, broadcast)
                 new += [builder.call(fma, [w8, xs[v], sums[vectors * r + v]]) for v in range(vectors)]
             k_next = builder.add(k, const(1))
             builder.cbranch(builder.icmp_signed("<", k_next, K), loop, done)
-            k.add_incoming(const(0), start)
+            k.add_incoming(const(0), begin)
             k.add_incoming(k_next, loop)
             for phi, value in zip(sums, new):
-                phi.add_incoming(ir.Constant(vec, None), start)
+                phi.add_incoming(ir.Constant(vec, None), begin)
                 phi.add_incoming(value, loop)
 
             builder.position_at_end(done)  # acc[r, 8v:8v+8] = the sums of vector v
@@ -190,5 +194,95 @@ def _make_tile(rows: int):
     return tile_
 
 
-tile = _make_tile(ROWS)  # 6 outputs x 16 rows
-tile8 = _make_tile(8)  # 6 outputs x 8 rows: a last block of 1-8 rows
+@intrinsic
+def prefetch(typingctx, x, start, count):
+    """Ask the memory for x.flat[start : start + count] (one prefetch per 64-byte line; compiled code
+    only; x C-contiguous float32; a prefetch never faults, so the range may pass the array's end)."""
+    if not (isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+        return None
+    sig = types.void(x, start, count)
+
+    def codegen(context, builder, signature, args):
+        xa = context.make_array(signature.args[0])(context, builder, args[0])
+        start_, count_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2))
+        i64, i32, i8p = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        first = builder.gep(builder.bitcast(xa.data, ir.FloatType().as_pointer()), [start_])
+        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), count_, ir.Constant(i64, 16), inc=True) as (i, _):
+            builder.call(fn, [builder.bitcast(builder.gep(first, [i]), i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
+                              ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
+    """out.flat[out_start + i] = sum_{c < d} x.flat[x_start + i * x_step + c] * q.flat[q_start + c]
+    for i < 8: eight dot products of one row q with eight rows of x (compiled code only; x, q, out
+    C-contiguous float32, d a positive multiple of 8). Each row's 8 partial sums stay in a vector;
+    at the end, the eight vectors are reduced together (pairwise shuffles and adds: 7 adds for 8
+    sums, instead of a horizontal add for each): attention's scores, 8 keys for one query row."""
+    f32 = types.float32
+    if not all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (x, q, out)):
+        return None
+    sig = types.void(x, x_start, x_step, q, q_start, d, out, out_start)
+
+    def codegen(context, builder, signature, args):
+        xa, qa, oa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3, 6))
+        x_start_, x_step_, q_start_, d_, out_start_ = (
+            context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4, 5, 7))
+        float_ = ir.FloatType()
+        vec = ir.VectorType(float_, 8)
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+
+        def floats(a):
+            return builder.bitcast(a.data, float_.as_pointer())
+
+        def load_vec(ptr):
+            return builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
+
+        def shuffle(a, b, lanes):
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 8), [ir.Constant(i32, i) for i in lanes]))
+
+        x0 = builder.gep(floats(xa), [x_start_])
+        x_rows = [builder.gep(x0, [builder.mul(x_step_, ir.Constant(i64, i))]) for i in range(8)]
+        q0 = builder.gep(floats(qa), [q_start_])
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v8f32")
+        begin = builder.block
+        loop = builder.append_basic_block("dots8.c")
+        done = builder.append_basic_block("dots8.done")
+        builder.branch(loop)
+        builder.position_at_end(loop)  # for c in range(0, d, 8):
+        c = builder.phi(i64)
+        sums = [builder.phi(vec) for _ in range(8)]
+        qv = load_vec(builder.gep(q0, [c]))
+        new = [builder.call(fma, [load_vec(builder.gep(x_rows[i], [c])), qv, sums[i]]) for i in range(8)]
+        c_next = builder.add(c, ir.Constant(i64, 8))
+        builder.cbranch(builder.icmp_signed("<", c_next, d_), loop, done)
+        c.add_incoming(ir.Constant(i64, 0), begin)
+        c.add_incoming(c_next, loop)
+        for phi, value in zip(sums, new):
+            phi.add_incoming(ir.Constant(vec, None), begin)
+            phi.add_incoming(value, loop)
+
+        builder.position_at_end(done)
+        # pairs: lanes [a0+a1 of row i, of row i+1, a2+a3 of row i, of row i+1, ...]
+        pairs = [builder.fadd(shuffle(new[i], new[i + 1], [0, 8, 2, 10, 4, 12, 6, 14]),
+                              shuffle(new[i], new[i + 1], [1, 9, 3, 11, 5, 13, 7, 15])) for i in range(0, 8, 2)]
+        # quads: lanes [rows i..i+3: sums of lanes 0-3, then rows i..i+3: sums of lanes 4-7]
+        quads = [builder.fadd(shuffle(pairs[i], pairs[i + 1], [0, 1, 8, 9, 4, 5, 12, 13]),
+                              shuffle(pairs[i], pairs[i + 1], [2, 3, 10, 11, 6, 7, 14, 15])) for i in (0, 2)]
+        total = builder.fadd(shuffle(quads[0], quads[1], [0, 1, 2, 3, 8, 9, 10, 11]),
+                             shuffle(quads[0], quads[1], [4, 5, 6, 7, 12, 13, 14, 15]))
+        builder.store(total, builder.bitcast(builder.gep(floats(oa), [out_start_]), vec.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+tile = _make_tile(OUTPUTS, ROWS)  # 6 outputs x 16 rows
+tile8 = _make_tile(OUTPUTS, 8)  # 6 outputs x 8 rows: a last block of 1-8 rows
+tile1x64 = _make_tile(1, 64)  # 1 output x 64 rows: attention's weighted values (one_query: one query row's weights x 64 columns of V)
+tile1x8 = _make_tile(1, 8)  # ... and 8 columns
