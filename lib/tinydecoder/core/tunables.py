@@ -49,7 +49,11 @@ ATTEND_ROWS_UP_TO = 8
 # rows: tiles in one call 908, in blocks of 128 rows 902, of 64 rows 947, numpy's GEMM 911.
 # Earlier, on the Zen 5 machine of MEASURED_ON, sweeps of two weight rows against four input
 # rows took 65 ms at 16 rows and 183-231 at 64, and beat numpy's GEMM at every row count.
-SWEEPS_UP_TO_ROWS = 8
+# Once a last block of 1-8 rows ran in an 8-row tile (tile8) instead of a padded 16-row one, the
+# 121 matrices (the LM head included, cold), medians of 7, ms, sweeps / tiles, same machine and
+# month: 1 row 22 / 33, 4 rows 27 / 35, 5 rows 27 / 29, 6 rows 33 / 31, 7 rows 37 / 31, 8 rows
+# 43-44 / 32 (the sweeps' cost grows with the rows, the 8-row tile's barely): sweeps up to 5.
+SWEEPS_UP_TO_ROWS = 5
 # ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
 SKINNY_MIN_WEIGHTS = 1 << 16
