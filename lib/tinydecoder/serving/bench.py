@@ -273,7 +273,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
     decode = decode_speed(model, decode_contexts, steps=max(9, 3 * repeat), cache=cache, path=path, probe=probe)
     costs = pass_cost(model, contexts=lengths, repeat=max(5, repeat), cache=cache) if path == "fast" else None
     settle()
-    speculative = speculative_speedup(model, prompts, stop_tokens=stop_tokens, repeat=repeat) if prompts else None
+    speculative = speculative_speedup(model, prompts, stop_tokens=stop_tokens, repeat=max(5, repeat)) if prompts else None
     settle()
     batch = batch_decode_speed(model, batch_sizes, batch_context, steps=repeat, cache=cache,
                                bandwidth_gbps=bw, peak_gflops=gflops, path=path)
