@@ -16,7 +16,7 @@ layer, each with its own temporaries. Here, per forward pass:
 - B sequences of equal length in a `BatchKVCache` ([B, Hkv, T, d] per layer, `batch_cache.py`)
   attend in ONE call per layer instead of B;
 - with numba (the `fast` extra), float32 products and attention run in compiled kernels:
-  `skinny` (up to 8 rows) and `tiles` (more) for the products, `one_query` for a decode step or a
+  `skinny` (up to tunables.SWEEPS_UP_TO_ROWS rows) and `tiles` (more) for the products, `one_query` for a decode step or a
   few new rows, `prefill_attention` for more.
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where

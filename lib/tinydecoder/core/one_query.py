@@ -111,8 +111,7 @@ def _attend_rows(q, k, v, S, merge, out):  # pragma: no cover - runs compiled by
     splits. (Outside the parallel loop: loops, not array expressions, for which numba would start
     threads each time; inside it they run on the task's own thread.)"""
     R, d = q.shape
-    T, Hkv = k.shape[0], k.shape[1]
-    G = R // Hkv
+    T = k.shape[0]
     parts = merge.shape[0]
     everyone = T - S + 1  # positions 0 .. T - S are seen by every row
     for part in prange(parts):

@@ -2,8 +2,8 @@
 than tunables.SWEEPS_UP_TO_ROWS rows (a batch's decode step, a prefill). Needs numba; imported by
 `fast.project` the first time it gets that many rows.
 
-Why. With M rows a product does 2*M FLOPs per weight. From ~8 rows on, that arithmetic, not the
-read of the weights, sets the time, and what counts is how many multiply-adds each load feeds.
+Why. With M rows a product does 2*M FLOPs per weight. From a few rows on, that arithmetic, not
+the read of the weights, sets the time, and what counts is how many multiply-adds each load feeds.
 skinny's sweeps are dot products along k (one running sum per input row and weight row, each a
 vector of 8 partial sums): each vector multiply-add needs a load or two of its own, and each of
 the M x N sums ends in a horizontal add. A BLAS GEMM instead keeps a small tile
@@ -19,12 +19,15 @@ one contiguous block of memory, read front to back), and while a task computes, 
 memory for the next task's block (a prefetch), so the read overlaps the arithmetic.
 
 numba has no vector types, and LLVM does not find this schedule in a loop over arrays: the tile
-is written as a numba intrinsic that builds the loop in LLVM's IR (`tile`, ~40 lines). The rest
+is written as a numba intrinsic that builds the loop in LLVM's IR (`_make_tile`, ~50 lines, for
+any number of outputs and of rows; x read at a start and step the caller gives, so the same
+loop also runs over rows of another array: one_query's weighted values). The rest
 is plain numba: `_rows_times_tiles` gives each thread its share of the outputs, and each task
 (6 outputs) runs the tile over every block of 16 rows while its weights sit in cache; a last
 block of 1-8 rows runs in a tile of 8 rows (`tile8`, one vector of sums per output), which does
 half the multiply-adds of a padded 16-row tile (100 rows, one 576 x 3,072 matrix in cache:
-3.1-3.3 ms against 3.4-3.8).
+3.1-3.3 ms against 3.4-3.8). Two more intrinsics serve one_query's attention: `dots8` (one row
+against 8 keys, the 8 vectors of partial sums reduced together) and `prefetch`.
 
 Measured (tunables.py, SmolLM2's 121 matrices, nothing in cache, 2 threads): 16 rows in 46-48 ms,
 against 71-87 ms for the sweeps it replaced (two weight rows against four input rows, eight
@@ -284,5 +287,5 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
 
 tile = _make_tile(OUTPUTS, ROWS)  # 6 outputs x 16 rows
 tile8 = _make_tile(OUTPUTS, 8)  # 6 outputs x 8 rows: a last block of 1-8 rows
-tile1x64 = _make_tile(1, 64)  # 1 output x 64 rows: attention's weighted values (one_query: one query row's weights x 64 columns of V)
+tile1x64 = _make_tile(1, 64)  # 1 output x 64 rows: one_query's weighted values (a row's weights x 64 columns of V)
 tile1x8 = _make_tile(1, 8)  # ... and 8 columns
