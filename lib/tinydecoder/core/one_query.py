@@ -136,7 +136,7 @@ def _block_scores(q, k, a, b, scores):  # pragma: no cover - runs compiled by nu
     Hkv = k.shape[1]
     G = R // Hkv
     width = scores.shape[1]
-    stop = a if d % 8 else a + (b - a) // 8 * 8  # dots8 up to here
+    stop = a if d % 8 or d == 0 else a + (b - a) // 8 * 8  # dots8 up to here (its loop needs d >= 8)
     for t0 in range(a, stop, 8):
         prefetch(k, (t0 + 16) * Hkv * d, 8 * Hkv * d)  # the keys two blocks ahead, all heads
         for h in range(Hkv):
