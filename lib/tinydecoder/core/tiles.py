@@ -114,6 +114,32 @@ def _rows_times_tiles(full, last, x, wt, out, threads):  # pragma: no cover - ru
     return out
 
 
+# The LLVM IR the intrinsics below share.
+_F32, _I64, _I32, _I8P = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
+_VEC = ir.VectorType(_F32, 8)  # 8 float32: one AVX register
+
+
+def _floats(builder, array):
+    """An array's data as float*."""
+    return builder.bitcast(array.data, _F32.as_pointer())
+
+
+def _load_vec(builder, ptr):
+    """8 floats from ptr (any alignment)."""
+    return builder.load(builder.bitcast(ptr, _VEC.as_pointer()), align=4)
+
+
+def _fma(builder):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fma.v8f32")
+
+
+def _prefetch_line(builder, ptr):
+    """Ask the memory for the line holding ptr (read, into every cache level)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]),
+                                        "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.bitcast(ptr, _I8P), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 def _make_tile(outputs: int, rows: int):
     """The tile intrinsic for `outputs` weight rows x `rows` input rows (a multiple of 8: that many
     vectors of 8 sums per output)."""
@@ -135,61 +161,48 @@ def _make_tile(outputs: int, rows: int):
         def codegen(context, builder, signature, args):
             arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 6)]  # wt, x, acc
             w_start_, start_, step_, K = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4, 5))
-            float_ = ir.FloatType()
-            vec = ir.VectorType(float_, 8)
-            i64, i32 = ir.IntType(64), ir.IntType(32)
 
             def const(v):
-                return ir.Constant(i64, v)
-
-            def floats(a):  # an array's data as float*
-                return builder.bitcast(a.data, float_.as_pointer())
-
-            def load_vec(ptr):
-                return builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
+                return ir.Constant(_I64, v)
 
             wa, xa, aa = arrays
             w_stride = cgutils.unpack_tuple(builder, wa.shape)[1]  # floats from one row of wt to the next
-            w0 = builder.gep(floats(wa), [w_start_])
+            w0 = builder.gep(_floats(builder, wa), [w_start_])
             w_rows = [builder.gep(w0, [builder.mul(const(r), w_stride)]) for r in range(outputs)]
-            x_block = builder.gep(floats(xa), [start_])
+            x_block = builder.gep(_floats(builder, xa), [start_])
             ahead = builder.gep(w_rows[0], [builder.mul(w_stride, const(outputs * PREFETCH_TASKS))])
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v8f32")
-            prefetch = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]),
-                "llvm.prefetch.p0i8")
-            undef = ir.Constant(vec, ir.Undefined)
-            broadcast = ir.Constant(ir.VectorType(i32, 8), None)  # shuffle mask of zeros: lane 0 everywhere
+            fma = _fma(builder)
+            undef = ir.Constant(_VEC, ir.Undefined)
+            broadcast = ir.Constant(ir.VectorType(_I32, 8), None)  # shuffle mask of zeros: lane 0 everywhere
 
             begin = builder.block
             loop = builder.append_basic_block("tile.k")
             done = builder.append_basic_block("tile.done")
             builder.branch(loop)
             builder.position_at_end(loop)  # for k in range(K):
-            k = builder.phi(i64)
-            sums = [builder.phi(vec) for _ in range(vectors * outputs)]  # [r][vector]: rows 0-7, 8-15, ...
+            k = builder.phi(_I64)
+            sums = [builder.phi(_VEC) for _ in range(vectors * outputs)]  # [r][vector]: rows 0-7, 8-15, ...
             x_k = builder.gep(x_block, [builder.mul(k, step_)])
-            xs = [load_vec(builder.gep(x_k, [const(8 * v)])) for v in range(vectors)]
+            xs = [_load_vec(builder, builder.gep(x_k, [const(8 * v)])) for v in range(vectors)]
             # the next task's weight rows (for a product: one block of 6K floats): `outputs` floats of it per k
-            builder.call(prefetch, [builder.bitcast(builder.gep(ahead, [builder.mul(k, const(outputs))]),
-                                                    ir.IntType(8).as_pointer()),
-                                    ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            _prefetch_line(builder, builder.gep(ahead, [builder.mul(k, const(outputs))]))
             new = []
             for r in range(outputs):
                 w = builder.load(builder.gep(w_rows[r], [k]), align=4)
-                w8 = builder.shuffle_vector(builder.insert_element(undef, w, ir.Constant(i32, 0)), undef, broadcast)
+                w8 = builder.shuffle_vector(builder.insert_element(undef, w, ir.Constant(_I32, 0)), undef, broadcast)
                 new += [builder.call(fma, [w8, xs[v], sums[vectors * r + v]]) for v in range(vectors)]
             k_next = builder.add(k, const(1))
             builder.cbranch(builder.icmp_signed("<", k_next, K), loop, done)
             k.add_incoming(const(0), begin)
             k.add_incoming(k_next, loop)
             for phi, value in zip(sums, new):
-                phi.add_incoming(ir.Constant(vec, None), begin)
+                phi.add_incoming(ir.Constant(_VEC, None), begin)
                 phi.add_incoming(value, loop)
 
             builder.position_at_end(done)  # acc[r, 8v:8v+8] = the sums of vector v
             for i, value in enumerate(new):
-                builder.store(value, builder.bitcast(builder.gep(floats(aa), [const(8 * i)]), vec.as_pointer()), align=4)
+                builder.store(value, builder.bitcast(builder.gep(_floats(builder, aa), [const(8 * i)]), _VEC.as_pointer()),
+                              align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -208,13 +221,9 @@ def prefetch(typingctx, x, start, count):
     def codegen(context, builder, signature, args):
         xa = context.make_array(signature.args[0])(context, builder, args[0])
         start_, count_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2))
-        i64, i32, i8p = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                            "llvm.prefetch.p0i8")
-        first = builder.gep(builder.bitcast(xa.data, ir.FloatType().as_pointer()), [start_])
-        with cgutils.for_range_slice(builder, ir.Constant(i64, 0), count_, ir.Constant(i64, 16), inc=True) as (i, _):
-            builder.call(fn, [builder.bitcast(builder.gep(first, [i]), i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                              ir.Constant(i32, 1)])
+        first = builder.gep(_floats(builder, xa), [start_])
+        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), count_, ir.Constant(_I64, 16), inc=True) as (i, _):
+            _prefetch_line(builder, builder.gep(first, [i]))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -236,38 +245,29 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
         xa, qa, oa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3, 6))
         x_start_, x_step_, q_start_, d_, out_start_ = (
             context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4, 5, 7))
-        float_ = ir.FloatType()
-        vec = ir.VectorType(float_, 8)
-        i64, i32 = ir.IntType(64), ir.IntType(32)
-
-        def floats(a):
-            return builder.bitcast(a.data, float_.as_pointer())
-
-        def load_vec(ptr):
-            return builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
 
         def shuffle(a, b, lanes):
-            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 8), [ir.Constant(i32, i) for i in lanes]))
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), [ir.Constant(_I32, i) for i in lanes]))
 
-        x0 = builder.gep(floats(xa), [x_start_])
-        x_rows = [builder.gep(x0, [builder.mul(x_step_, ir.Constant(i64, i))]) for i in range(8)]
-        q0 = builder.gep(floats(qa), [q_start_])
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v8f32")
+        x0 = builder.gep(_floats(builder, xa), [x_start_])
+        x_rows = [builder.gep(x0, [builder.mul(x_step_, ir.Constant(_I64, i))]) for i in range(8)]
+        q0 = builder.gep(_floats(builder, qa), [q_start_])
+        fma = _fma(builder)
         begin = builder.block
         loop = builder.append_basic_block("dots8.c")
         done = builder.append_basic_block("dots8.done")
         builder.branch(loop)
         builder.position_at_end(loop)  # for c in range(0, d, 8):
-        c = builder.phi(i64)
-        sums = [builder.phi(vec) for _ in range(8)]
-        qv = load_vec(builder.gep(q0, [c]))
-        new = [builder.call(fma, [load_vec(builder.gep(x_rows[i], [c])), qv, sums[i]]) for i in range(8)]
-        c_next = builder.add(c, ir.Constant(i64, 8))
+        c = builder.phi(_I64)
+        sums = [builder.phi(_VEC) for _ in range(8)]
+        qv = _load_vec(builder, builder.gep(q0, [c]))
+        new = [builder.call(fma, [_load_vec(builder, builder.gep(x_rows[i], [c])), qv, sums[i]]) for i in range(8)]
+        c_next = builder.add(c, ir.Constant(_I64, 8))
         builder.cbranch(builder.icmp_signed("<", c_next, d_), loop, done)
-        c.add_incoming(ir.Constant(i64, 0), begin)
+        c.add_incoming(ir.Constant(_I64, 0), begin)
         c.add_incoming(c_next, loop)
         for phi, value in zip(sums, new):
-            phi.add_incoming(ir.Constant(vec, None), begin)
+            phi.add_incoming(ir.Constant(_VEC, None), begin)
             phi.add_incoming(value, loop)
 
         builder.position_at_end(done)
@@ -279,7 +279,7 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
                               shuffle(pairs[i], pairs[i + 1], [2, 3, 10, 11, 6, 7, 14, 15])) for i in (0, 2)]
         total = builder.fadd(shuffle(quads[0], quads[1], [0, 1, 2, 3, 8, 9, 10, 11]),
                              shuffle(quads[0], quads[1], [4, 5, 6, 7, 12, 13, 14, 15]))
-        builder.store(total, builder.bitcast(builder.gep(floats(oa), [out_start_]), vec.as_pointer()), align=4)
+        builder.store(total, builder.bitcast(builder.gep(_floats(builder, oa), [out_start_]), _VEC.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
