@@ -161,9 +161,10 @@ def test_batched_decode_with_the_kernel_equals_reference(batch, kernel):
 @pytest.mark.parametrize("d", [12, 40, 64, 100])
 def test_one_query_attention_equals_the_reference(Hq, Hkv, T, d):
     """core.one_query.attend_rows with one row: the newest query over T cached positions, every head, as
-    ops.attention computes it (float64 reference on the same numbers). Head sizes below 32 (no tile
-    of the weighted values), one tile and 8 columns left (40), two tiles (64, SmolLM2's); 1, 3, 5
-    and 6 rows per KV head (tiles of 3 rows, and rows left)."""
+    ops.attention computes it (float64 reference on the same numbers). Head sizes 12 (not a multiple
+    of 8: scores one dot product at a time; values in a tile of 8 columns and 4 single ones), 40
+    (dots8; five tiles of 8 columns), 64 (SmolLM2's: one tile of 64) and 100 (64 + 4 x 8 + 4);
+    1, 3, 5 and 6 rows per KV head; positions in blocks of 8 and left over (T = 130)."""
     from tinydecoder.core import ops
 
     rng = np.random.default_rng(T * 10 + Hq + d)

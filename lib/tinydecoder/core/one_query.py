@@ -27,7 +27,8 @@ Zen 3 machine of tunables.SWEEPS_UP_TO_ROWS, medians of 5 alternating runs): one
 positions 7.5 -> 6.9 ms, 8 rows over 512 positions 12.1 -> 7.5 ms, against one dot product per
 key and row and one multiply-add per value row and column. Cold, the order of the reads counts:
 weighted values in tiles of 3 rows x 32 columns (a row of V read in pieces, 6 passes over the
-block) took 8.4-9.9 ms at 2,048 although they were faster in cache.
+block) were faster in cache but slower at 2,048 (medians 8.6-9.5 ms against 7.1-7.4 for the old
+loop, in the same runs).
 """
 from __future__ import annotations
 
