@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     seed.set_defaults(func=cmd_seed)
     bench = sub.add_parser("bench", help="measure this machine's roofs and the model's prefill/decode speed")
     bench.add_argument("--model", choices=("toy", "smollm2"), default="toy",
-                       help="toy: the seed toy's shapes (seconds); smollm2: the real model (~1.5 minutes)")
+                       help="toy: the seed toy's shapes (seconds); smollm2: the real model (~1 minute)")
     bench.add_argument("--repeat", type=positive_int_arg, default=3,
                        help="timed repetitions (default 3; pass costs and speculative runs at least 5): roofs "
                             "take the best, speeds the median; on a busy machine compare with OPENBLAS_NUM_THREADS=1")
