@@ -76,10 +76,10 @@ def attend_last_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int) -> np
 
 def fits_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
     """Whether `attend_rows(q, k, v)` applies: numba installed, float32, q [S, Hq, d] with
-    0 < S <= T, C-contiguous k and v [T, Hkv, d], Hq a multiple of Hkv."""
+    0 < S <= T and 0 < d, C-contiguous k and v [T, Hkv, d], Hq a multiple of Hkv."""
     return (skinny.available() and q.dtype == k.dtype == v.dtype == np.float32 and q.ndim == 3 and k.ndim == 3
             and k.shape == v.shape and k.flags.c_contiguous and v.flags.c_contiguous and q.shape[2] == k.shape[2]
-            and q.shape[1] % k.shape[1] == 0 and 0 < q.shape[0] <= k.shape[0])
+            and q.shape[1] % k.shape[1] == 0 and 0 < q.shape[0] <= k.shape[0] and q.shape[2] > 0)
 
 
 def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -90,7 +90,7 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     Every query row that reads KV head h (its g heads for each of the S positions) is computed
     together, so each cached key and value is loaded once for all of them."""
     if not fits_rows(q, k, v):
-        raise ValueError(f"attend_rows needs float32 q [S, Hq, d] with 0 < S <= T and C-contiguous float32 k, v "
+        raise ValueError(f"attend_rows needs float32 q [S, Hq, d] with 0 < S <= T and 0 < d and C-contiguous float32 k, v "
                          f"[T, Hkv, d] with Hq a multiple of Hkv, and numba; got q {q.dtype}{list(q.shape)}, "
                          f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}")
     S, Hq, d = q.shape
@@ -137,7 +137,7 @@ def _block_scores(q, k, a, b, scores):  # pragma: no cover - runs compiled by nu
     Hkv = k.shape[1]
     G = R // Hkv
     width = scores.shape[1]
-    stop = a if d % 8 or d == 0 else a + (b - a) // 8 * 8  # dots8 up to here (its loop needs d >= 8)
+    stop = a if d % 8 else a + (b - a) // 8 * 8  # dots8 up to here (fits_rows: d > 0, so d >= 8 here)
     for t0 in range(a, stop, 8):
         prefetch(k, (t0 + 16) * Hkv * d, 8 * Hkv * d)  # the keys two blocks ahead, all heads
         for h in range(Hkv):

@@ -312,7 +312,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
 
 def kernels_in_use(model: Model) -> str:
     """Which kernels the fast path runs its passes with on this model (for the report): skinny's
-    sweeps for up to 8 rows, tiles for more (batches of 9 and up, prefill), one_query's attention
+    sweeps for up to tunables.SWEEPS_UP_TO_ROWS rows, tiles for more (larger batches, prefill), one_query's attention
     of a few new rows, prefill_attention's of more."""
     from ..core import skinny
 
