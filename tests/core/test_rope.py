@@ -238,3 +238,28 @@ def test_unknown_bug_and_non_rope_model():
         cached_decode(random_model(rope_config(position="table")), [1], [2])
     assert set(ROPE_BUGS) == {"none", "new_token_at_zero", "rotate_cached_twice"}
     assert len(recompute_logits(model, [1, 2], [3, 4])) == 3
+
+
+@pytest.mark.parametrize("layout", ["halves", "interleaved"])
+@pytest.mark.parametrize("d", [8, 12, 64])
+def test_the_fast_paths_two_rotations_equal_apply_rope(layout, d):
+    """core.rope's `rotate` (numpy, on a view) and `rotate_heads` (numba, in place, the first
+    `heads` heads of each row only) against ops.apply_rope in float64."""
+    from tinydecoder.core import rope, skinny
+
+    cfg = Config(vocab_size=11, d_model=16, n_heads=3, n_kv_heads=1, head_dim=d, n_layers=1, d_ff=8,
+                 max_context=4096, rope_layout=layout)
+    positions = np.array([0, 5, 2047, 3000])
+    rng = np.random.default_rng(d)
+    qkv = rng.standard_normal((4, 5 * d)).astype(np.float32)  # 3 query heads, 1 key head, 1 value head
+    want = qkv.astype(np.float64)
+    want[:, :4 * d] = apply_rope(want[:, :4 * d].reshape(4, 4, d), positions, cfg.rope_base, layout).reshape(4, -1)
+    tables = rope.rope_tables(cfg, positions, np.float32)
+    got = rope.rotate(qkv[:, :4 * d].reshape(4, 4, d), tables, layout).reshape(4, -1)
+    np.testing.assert_allclose(got, want[:, :4 * d], rtol=0, atol=2e-6 * np.abs(want).max())
+    if skinny.available():
+        assert rope.rotates_heads(qkv, tables) and not rope.rotates_heads(qkv[:, 1:], tables)
+        before = qkv.copy()
+        assert rope.rotate_heads(qkv, 4, tables, layout) is qkv
+        np.testing.assert_allclose(qkv, want, rtol=0, atol=2e-6 * np.abs(want).max())
+        assert np.array_equal(qkv[:, 4 * d:], before[:, 4 * d:])  # the value head is left as it was

@@ -18,7 +18,7 @@ import numpy as np
 from ..core import fast
 from ..core.cache import HeldBytes, check_made_for, common_length
 from ..core.config import Config
-from ..core.fast import rope_tables, rotate
+from ..core.rope import rope_tables, rotate
 from ..core.validate import check_token_ids
 
 

@@ -123,6 +123,20 @@ class KVCache(HeldBytes):
         self.lengths[layer] = end
         return self.k[layer][:end], self.v[layer][:end]  # [T, Hkv, d]
 
+    def reserve(self, layer: int, n: int):
+        """Hold n more positions in `layer` and return (k, v, start): the layer's whole arrays
+        [capacity, Hkv, d] (grown if needed) and the first of the n rows the caller must fill
+        (`fused.layer` writes them from compiled code). Like `append`, without the copy."""
+        layer = layer_index(layer, self.config.n_layers)
+        start = self.lengths[layer]
+        end = start + n
+        if end > self.k[layer].shape[0]:
+            if end > self.config.max_context:
+                raise ValueError(f"{end} positions do not fit the context of {self.config.max_context}")
+            self._grow(layer, max(end, min(2 * self.k[layer].shape[0], self.config.max_context)))
+        self.lengths[layer] = end
+        return self.k[layer], self.v[layer], start
+
     def _grow(self, layer: int, capacity: int) -> None:
         for store in (self.k, self.v):
             old = store[layer]

@@ -17,7 +17,10 @@ layer, each with its own temporaries. Here, per forward pass:
   attend in ONE call per layer instead of B;
 - with numba (the `fast` extra), float32 products and attention run in compiled kernels:
   `skinny` (up to tunables.SWEEPS_UP_TO_ROWS rows) and `tiles` (more) for the products, `one_query` for a decode step or a
-  few new rows, `prefill_attention` for more.
+  few new rows, `prefill_attention` for more; RoPE rotates q and k in place (`rotate_heads`);
+- with numba, a pass over up to SWEEPS_UP_TO_ROWS rows of one sequence with a KVCache (a decode
+  step, a speculative check) runs each block as one compiled call of those kernels (`fused.layer`)
+  instead of `_block`'s Python between them.
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
 used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
@@ -33,13 +36,13 @@ import math
 
 import numpy as np
 
-from . import one_query, skinny, tunables
+from . import fused, one_query, skinny, tunables
 from .batch_cache import BatchKVCache  # noqa: F401 - forward_batch's batched cache, also fast.BatchKVCache
 from .cache import check_cache
 from .config import Config
 from .model import Model
-from .ops import rope_angles
 from .reference import embed_tokens
+from .rope import rope_tables, rotate, rotate_heads, rotates_heads
 from .validate import check_context, check_token_ids
 
 # Thresholds measured on one machine (tunables.py records which): where a speed trick starts.
@@ -49,30 +52,6 @@ ATTEND_ROWS_UP_TO = tunables.ATTEND_ROWS_UP_TO  # up to this many new rows of a 
 
 
 # ----------------------------------------------------------------------------- the pieces
-
-def rope_tables(config: Config, positions, dtype):
-    """cos and signed sin for every row, once per pass, shaped to broadcast against
-    x.reshape(N, H, 2, d/2) ("halves") or x.reshape(N, H, d/2, 2) ("interleaved").
-    -> (cos, sin), each [N, 1, 2, d/2] or [N, 1, d/2, 2]."""
-    cos, sin = rope_angles(positions, config.head_dim, config.rope_base)  # [N, d/2] each, float64
-    cos, sin = cos.astype(dtype), sin.astype(dtype)
-    axis = 1 if config.rope_layout == "halves" else 2  # where the pair's two members sit
-    cos2 = np.stack([cos, cos], axis=axis)[:, None]  # [N, 1, 2, d/2] or [N, 1, d/2, 2]
-    sin2 = np.stack([-sin, sin], axis=axis)[:, None]  # first member gets -x2 sin, second +x1 sin
-    return cos2, sin2
-
-
-def rotate(x, tables, layout: str):
-    """RoPE of x [N, H, d] (a view is fine) with rope_tables' (cos, sin): x cos + swap(x) sin,
-    where swap exchanges the two members of every pair (a view).  -> new [N, H, d]."""
-    N, H, d = x.shape
-    cos2, sin2 = tables
-    pairs = x.reshape(N, H, 2, d // 2) if layout == "halves" else x.reshape(N, H, d // 2, 2)
-    swapped = pairs[:, :, ::-1] if layout == "halves" else pairs[..., ::-1]
-    out = pairs * cos2  # [N, H, 2, d/2] (or [N, H, d/2, 2])
-    out += swapped * sin2
-    return out.reshape(N, H, d)
-
 
 def rmsnorm_into(x, weight, eps: float, out):
     """out = x / sqrt(mean(x^2) + eps) * weight, row by row.  x, out: [N, D]. Float32 with a
@@ -282,7 +261,8 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
         return out
 
     keep = bounds[1:] - 1 if last_only else None
-    logits = _run(model, np.concatenate(ids), positions, attention, keep)
+    one = caches[0] if len(ids) == 1 and fused.applies(model, caches[0], len(ids[0])) else None
+    logits = _run(model, np.concatenate(ids), positions, attention, keep, fused_cache=one)
     if last_only:
         return [logits[s:s + 1] for s in range(len(ids))]
     return [logits[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
@@ -317,9 +297,11 @@ def _forward_stacked(model: Model, ids, cache: BatchKVCache, last_only: bool) ->
     return [logits[b:b + 1] for b in range(B)] if last_only else [logits[b * S:(b + 1) * S] for b in range(B)]
 
 
-def _run(model: Model, ids, positions, attention, keep):
+def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
     """Embedding, every block, the head.  attention(l, q, k, v, rows) appends k, v to the
-    caches and returns [Nq, Hq*d]; keep: rows that the last layer keeps (None: all)."""
+    caches and returns [Nq, Hq*d]; keep: rows that the last layer keeps (None: all). With a
+    `fused_cache` (a pass `fused.applies` to: one sequence's few rows), a layer that keeps every
+    row runs as one compiled call, `fused.layer`, with that cache."""
     cfg = model.config
     x = embed_tokens(model, ids, positions)  # [N, D], a fresh array: updated in place below
     N, D = x.shape
@@ -329,9 +311,13 @@ def _run(model: Model, ids, positions, attention, keep):
         keep = None
     use_numba = x.dtype == np.float32 and skinny.available()
     with skinny.one_blas_thread() if use_numba else contextlib.nullcontext():  # numba's threads run the kernels
+        work = None if fused_cache is None else fused.Work(model, N, len(fused_cache) + N)
         for l, layer in enumerate(model.layers):
             rows = keep if l == cfg.n_layers - 1 else None
-            x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
+            if work is not None and rows is None and fused.fits(layer):
+                fused.layer(model, l, x, tables, fused_cache, work)  # x updated in place
+            else:
+                x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
         h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, np.empty_like(x))
         return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
 
@@ -365,11 +351,17 @@ def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
     k, v = kv[:, :Hkv * d].reshape(N, Hkv, d), kv[:, Hkv * d:].reshape(N, Hkv, d)  # [N, Hkv, d] views
     q = q_rows.reshape(-1, Hq, d)  # [Nq, Hq, d]
     if tables is not None:
-        if rows is None:  # q and k sit side by side in qkv: rotate both in one call
+        in_place = all(rotates_heads(a, tables) for a in ((qkv,) if rows is None else (q_rows, kv)))
+        if in_place and rows is None:  # numba: q and k rotated in place in qkv (q and k are views of it)
+            rotate_heads(qkv, Hq + Hkv, tables, cfg.rope_layout)
+        elif in_place:
+            rotate_heads(q_rows, Hq, tables.take(rows), cfg.rope_layout)
+            rotate_heads(kv, Hkv, tables, cfg.rope_layout)  # k lies first in kv
+        elif rows is None:  # q and k sit side by side in qkv: rotate both in one call
             qk = rotate(qkv[:, :(Hq + Hkv) * d].reshape(N, Hq + Hkv, d), tables, cfg.rope_layout)
             q, k = qk[:, :Hq], qk[:, Hq:]
         else:
-            q = rotate(q, tuple(t[rows] for t in tables), cfg.rope_layout)
+            q = rotate(q, tables.take(rows), cfg.rope_layout)
             k = rotate(k, tables, cfg.rope_layout)
     out = attention(l, q, k, v, rows)  # [Nq, Hq*d]
     x += project(out, layer.wo, buf.proj)  # [Nq, D]

@@ -100,19 +100,20 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     out = np.empty((Hq * S, d), np.float32)  # rows as in `rows`: [Hkv, g, S, d]
     parts = min(T, TASKS_PER_THREAD * skinny.threads())
     merge = np.empty((parts, Hq * S, d + 2), np.float32)  # each part's weighted values, max and sum
-    skinny.compiled(_attend_rows)(rows, k, v, S, merge, out)
+    skinny.compiled(_attend_rows)(rows, k, v, T, S, merge, out)
     return out.reshape(Hkv, g, S, d).transpose(2, 0, 1, 3).reshape(S, Hq * d)
 
 
-def _attend_rows(q, k, v, S, merge, out):  # pragma: no cover - runs compiled by numba
+def _attend_rows(q, k, v, T, S, merge, out):  # pragma: no cover - runs compiled by numba
     """out[j] = softmax over t < T - S + 1 + j % S of (q[j] . k[t, h]), times v[t, h], for each
     row j of q (the S new positions of one query head are S rows in a row); rows h*G .. h*G + G - 1
-    read KV head h. Tasks: blocks of positions, each with its own softmax (its max, its sum of
-    exponentials, its weighted values: `merge`), merged at the end as flash-decoding merges its
-    splits. (Outside the parallel loop: loops, not array expressions, for which numba would start
-    threads each time; inside it they run on the task's own thread.)"""
+    read KV head h. k, v: [T or more, Hkv, d], the T positions in their first rows (`fused`
+    passes a KVCache's whole arrays; positions T and later are not read). Tasks: blocks of
+    positions, each with its own softmax (its max, its sum of exponentials, its weighted values:
+    `merge`), merged at the end as flash-decoding merges its splits. (Outside the parallel
+    loop: loops, not array expressions, for which numba would start threads each time; inside it
+    they run on the task's own thread.)"""
     R, d = q.shape
-    T = k.shape[0]
     parts = merge.shape[0]
     everyone = T - S + 1  # positions 0 .. T - S are seen by every row
     for part in prange(parts):

@@ -139,10 +139,8 @@ def compiled(fn, parallel: bool = True):
     and the second loads."""
     key = (fn, parallel)
     if key not in _compiled:
-        import numba
-
         _bind(fn.__globals__)
-        dispatcher = numba.njit(parallel=parallel, fastmath=True, cache=True)(fn)
+        dispatcher = _dispatcher(fn, parallel)
 
         def first_call(*args):
             with _compile_lock():
@@ -154,17 +152,39 @@ def compiled(fn, parallel: bool = True):
     return _compiled[key]
 
 
+_dispatchers = {}
+
+
+def _dispatcher(fn, parallel: bool):
+    """numba's dispatcher of `fn` (compiled as `compiled` says), one per (fn, parallel)."""
+    key = (fn, parallel)
+    if key not in _dispatchers:
+        import numba
+
+        _dispatchers[key] = numba.njit(parallel=parallel, fastmath=True, cache=True)(fn)
+    return _dispatchers[key]
+
+
 def _bind(names: dict) -> None:
     """Bind, in a module's namespace `names`, what its compiled functions call: numba.prange for
-    `prange`, and each helper named in its INLINE compiled to be inlined (a helper imported from
+    `prange`, each helper named in its INLINE compiled to be inlined (a helper imported from
     another module is compiled there, with that module's own helpers; "module.name" names one of a
     module of this package that imports numba itself, imported now, as `vexp.exp_le0` or the
-    intrinsic `tiles.tile1x64`)."""
+    intrinsic `tiles.tile1x64`), and each "module.name" of its CALLS ({name: parallel}) bound to
+    that function's own dispatcher, called rather than inlined by numba (a kernel that runs other
+    kernels in turn, as `fused._layer_rows` runs the products; a parallel one keeps its threads).
+    A function is compiled one way only (see `compiled`): CALLS says the way its own module does."""
     import importlib
 
     import numba
 
     names["prange"] = numba.prange
+    for name, parallel in names.get("CALLS", {}).items():
+        module, name = name.rsplit(".", 1)
+        fn = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+        fn = getattr(fn, "py_func", fn)
+        _bind(fn.__globals__)
+        names[name] = _dispatcher(fn, parallel)
     for name in names.get("INLINE", ()):
         if "." in name:  # a module that needs numba to import: bound here, not by an import at the top
             module, name = name.rsplit(".", 1)

@@ -313,11 +313,12 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
 def kernels_in_use(model: Model) -> str:
     """Which kernels the fast path runs its passes with on this model (for the report): skinny's
     sweeps for up to tunables.SWEEPS_UP_TO_ROWS rows, tiles for more (larger batches, prefill), one_query's attention
-    of a few new rows, prefill_attention's of more."""
+    of a few new rows, prefill_attention's of more; a block over a few rows of one sequence in one
+    call (fused)."""
     from ..core import skinny
 
     if model.dtype == np.float32 and skinny.available() and model.layers[0].w_qkv.flags.f_contiguous:
-        return "numba (core.skinny, core.tiles, core.one_query, core.prefill_attention)"
+        return "numba (core.skinny, core.tiles, core.one_query, core.prefill_attention, core.fused)"
     return "numpy BLAS" + ("" if skinny.available() else " (numba or threadpoolctl not installed)")
 
 
