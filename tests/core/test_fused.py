@@ -3,7 +3,8 @@ the kernels `fast._block` runs, in the same order, so its logits and the K/V it 
 the unfused fast path's up to the last bits of float32 (LLVM may vectorise a kernel inlined into
 the block, such as the norm's sum, in another order: differences of 1e-7 were seen on these toy
 shapes, none on SmolLM2's), and the reference path's up to float32 rounding. Checked on float32
-models whose weights are not shared with the reference side, for 1-5 new rows, after 0, 7 and 130
+models whose weights are not shared with the reference side, for 1-8 new rows (the products in
+skinny's sweeps up to SWEEPS_UP_TO_ROWS, in tiles.py's 8-row tile above), after 0, 7 and 130
 cached positions (a cache that must grow on the way), both RoPE layouts, grouped and one-KV-head
 attention, head sizes that are and are not multiples of 8 (the attention kernel's two loops); and
 that every other pass (more rows, a batch, another cache, float64, no RoPE, weights the sweeps do
@@ -62,7 +63,7 @@ def tokens(n, seed):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("past", [0, 7, 130])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 8])
 def test_a_fused_pass_equals_the_unfused_kernels(name, past, rows, layers_run, monkeypatch):
     _, mine = pair(CONFIGS[name])
     ids = tokens(past + rows, seed=past + rows)
@@ -86,15 +87,15 @@ def test_a_fused_pass_equals_the_unfused_kernels(name, past, rows, layers_run, m
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_fused_decode_and_checks_equal_the_reference(name, layers_run):
-    """A prefill, then checks of 4 and 2 guesses and decode steps, every layer of the few-row
+    """A prefill, then checks of 1-7 guesses and decode steps, every layer of the few-row
     passes fused; the last-only passes fuse every layer but the last (it keeps one row)."""
     ref, mine = pair(CONFIGS[name])
-    ids = tokens(60, seed=1)
+    ids = tokens(80, seed=1)
     want = reference.forward(ref, ids)
     cache = mine.new_cache(8)
     np.testing.assert_allclose(fast.forward(mine, ids[:40], cache), want[:40], rtol=0, atol=2e-4 * np.abs(want).max())
     at = 40
-    for n, last_only in ((5, False), (3, False), (1, True), (1, True), (4, True), (2, False), (1, True)):
+    for n, last_only in ((5, False), (3, False), (1, True), (8, False), (1, True), (4, True), (7, True), (2, False)):
         layers_run.clear()
         got = fast.forward(mine, ids[at:at + n], cache, last_only=last_only)
         np.testing.assert_allclose(got, want[at + n - 1:at + n] if last_only else want[at:at + n], rtol=0,
@@ -113,7 +114,7 @@ def test_other_passes_run_the_unfused_block_and_stay_right(layers_run, monkeypat
     def check(got, rows):
         np.testing.assert_allclose(got, want[rows], rtol=0, atol=2e-4 * np.abs(want).max())
 
-    check(fast.forward(mine, ids[:6]), slice(0, 6))  # 6 rows: more than the sweeps take
+    check(fast.forward(mine, ids[:9]), slice(0, 9))  # 9 rows: more than ATTEND_ROWS_UP_TO
     caches = [mine.new_cache(20), mine.new_cache(20)]
     fast.forward_batch(mine, [ids[:3], ids[:3]], caches)  # two sequences in one pass
     stacked = fast.BatchKVCache.stack(caches, extra=1)
@@ -130,8 +131,8 @@ def test_other_passes_run_the_unfused_block_and_stay_right(layers_run, monkeypat
     assert not fused.applies(random_model(cfg, dtype=np.float64), mine.new_cache(4), 1)
     table = td.Config(**{**cfg.to_dict(), "position": "table"})
     assert not fused.applies(random_model(table), random_model(table).new_cache(4), 1)
-    assert fused.applies(mine, mine.new_cache(4), tunables.SWEEPS_UP_TO_ROWS)
-    assert not fused.applies(mine, mine.new_cache(4), tunables.SWEEPS_UP_TO_ROWS + 1)
+    assert fused.applies(mine, mine.new_cache(4), tunables.ATTEND_ROWS_UP_TO)
+    assert not fused.applies(mine, mine.new_cache(4), tunables.ATTEND_ROWS_UP_TO + 1)
 
 
 def test_reserve_holds_rows_for_the_caller_and_grows():

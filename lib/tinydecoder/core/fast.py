@@ -18,7 +18,7 @@ layer, each with its own temporaries. Here, per forward pass:
 - with numba (the `fast` extra), float32 products and attention run in compiled kernels:
   `skinny` (up to tunables.SWEEPS_UP_TO_ROWS rows) and `tiles` (more) for the products, `one_query` for a decode step or a
   few new rows, `prefill_attention` for more; RoPE rotates q and k in place (`rotate_heads`);
-- with numba, a pass over up to SWEEPS_UP_TO_ROWS rows of one sequence with a KVCache (a decode
+- with numba, a pass over up to ATTEND_ROWS_UP_TO rows of one sequence with a KVCache (a decode
   step, a speculative check) runs each block as one compiled call of those kernels (`fused.layer`)
   instead of `_block`'s Python between them.
 

@@ -8,7 +8,8 @@ take ~18 ms to read (issue 23: the step's share of the bandwidth roof). `_layer_
 block, statement for statement, as one numba function that calls the same kernels:
 
     h = rmsnorm(x)                      fast._rmsnorm_rows                [S, D]
-    qkv = h @ W_qkv                     skinny's sweeps (parallel)        [S, (Hq + 2Hkv) d]
+    qkv = h @ W_qkv                     skinny's sweeps or tiles' 8-row   [S, (Hq + 2Hkv) d]
+                                        tile, as fast.project picks (parallel)
     rotate q and k in place             rope._rope_rows
     K, V cache rows start .. start+S-1  <- k, v
     a = attention(q, K[:T], V[:T])      one_query._attend_rows (parallel) [S, Hq d]
@@ -22,14 +23,16 @@ shapes LLVM may vectorise a kernel it inlines here, such as the norm's sum, in a
 the last bit of a float32 may differ: tests bound it), only sooner.
 
 Measured (SmolLM2, December 2026, the Zen 3 machine of tunables.SWEEPS_UP_TO_ROWS, both paths
-alternating in one process, medians of 22 passes, two runs): a decode step at context 128
-19.9-21.1 -> 18.5-19.4 ms, at 2,048 23.6-25.9 -> 21.6-23.8 ms (0.91-0.92x); 3 rows 0.92-0.94x,
-5 rows 0.92-0.96x.
+alternating in one process, medians of 22 passes at contexts 128, 512 and 2,048, three runs): a
+decode step 0.88-0.93x its time (at context 128, in a quiet hour, 19.9-21.1 -> 18.5-19.4 ms),
+3 rows 0.92-0.94x, 5 to 8 rows (in tiles) 0.80-0.87x: unfused, each of their products also
+packs its rows for the tile in numpy.
 
-It applies (`applies`, `fits`) to a pass over at most tunables.SWEEPS_UP_TO_ROWS rows of one
-sequence with a `KVCache`, on a float32 RoPE model, for each layer whose matrices the sweeps
-take (out-major float32, at least SKINNY_MIN_WEIGHTS numbers): SmolLM2's decode steps and
-speculative checks of up to 4 guesses. Anything else runs `fast._block`.
+It applies (`applies`, `fits`) to a pass over at most tunables.ATTEND_ROWS_UP_TO rows of one
+sequence with a `KVCache` (the rows `one_query` attends), on a float32 RoPE model, for each layer
+whose matrices numba's products take (out-major float32, at least SKINNY_MIN_WEIGHTS numbers):
+SmolLM2's decode steps and speculative checks of up to 7 guesses. Anything else runs
+`fast._block`.
 """
 from __future__ import annotations
 
@@ -45,8 +48,9 @@ prange = range  # numba.prange once compiled (skinny.compiled; no loop here runs
 # The kernels _layer_rows calls, each compiled as the unfused path compiles it (True: parallel,
 # on numba's threads), and called rather than inlined by numba (skinny.compiled binds them).
 CALLS = {"fast._rmsnorm_rows": False, "rope._rope_rows": False, "skinny._rows_times_rows": True,
-         "one_query._attend_rows": True, "fast._swiglu_rows": True}
-_rmsnorm_rows = _rope_rows = _rows_times_rows = _swiglu_rows = _attend_rows = None  # bound by skinny.compiled
+         "tiles._rows_times_tiles": True, "one_query._attend_rows": True, "fast._swiglu_rows": True}
+INLINE = ("_times",)  # compiled into _layer_rows
+_rmsnorm_rows = _rope_rows = _rows_times_rows = _rows_times_tiles = _swiglu_rows = _attend_rows = None  # bound by skinny.compiled
 
 
 def applies(model: Model, cache, rows: int) -> bool:
@@ -54,12 +58,12 @@ def applies(model: Model, cache, rows: int) -> bool:
     layer whose weights `fits`)."""
     cfg = model.config
     return (skinny.available() and type(cache) is KVCache and cache.dtype == model.dtype == np.float32
-            and cfg.position == "rope" and 0 < rows <= min(tunables.SWEEPS_UP_TO_ROWS, tunables.ATTEND_ROWS_UP_TO))
+            and cfg.position == "rope" and 0 < rows <= tunables.ATTEND_ROWS_UP_TO)
 
 
 def fits(weights) -> bool:
-    """Whether a layer's four matrices are ones the sweeps take (`fast.project` would give them to
-    skinny): out-major float32 of at least SKINNY_MIN_WEIGHTS numbers."""
+    """Whether a layer's four matrices are ones `fast.project` gives to numba's kernels (skinny's
+    sweeps, or tiles): out-major float32 of at least SKINNY_MIN_WEIGHTS numbers."""
     return all(w.size >= tunables.SKINNY_MIN_WEIGHTS and w.dtype == np.float32 and w.ndim == 2 and w.flags.f_contiguous
                for w in (weights.w_qkv, weights.wo, weights.w_gate_up, weights.w_down))
 
@@ -79,6 +83,13 @@ class Work:
         self.proj = np.empty((S, cfg.d_model), np.float32)
         self.gate_up = np.empty((S, 2 * cfg.d_ff), np.float32)
         self.hidden = np.empty((S, cfg.d_ff), np.float32)
+        # More rows than the sweeps take: the products run in tiles.py's 8-row tile, which reads
+        # the rows packed as tiles.pack_rows packs them (the rows past S stay zero)
+        self.tiled = S > tunables.SWEEPS_UP_TO_ROWS
+        self.no_blocks = np.zeros((0, 1, 16), np.float32)  # pack_rows' whole 16-row blocks: none
+        self.packed_d = np.zeros((1, cfg.d_model, 8), np.float32)  # a norm's output, packed
+        self.packed_att = np.zeros((1, Hq * d, 8), np.float32)  # attention's output
+        self.packed_f = np.zeros((1, cfg.d_ff, 8), np.float32)  # SwiGLU's output
 
 
 def layer(model: Model, l: int, x, tables, cache: KVCache, work: Work) -> None:
@@ -90,19 +101,34 @@ def layer(model: Model, l: int, x, tables, cache: KVCache, work: Work) -> None:
     skinny.compiled(_layer_rows, parallel=False)(
         x, w.attn_norm, w.ffn_norm, np.float32(cfg.norm_eps), w.w_qkv.T, w.wo.T, w.w_gate_up.T, w.w_down.T,
         tables.cos, tables.sin, cfg.rope_layout == "halves", cfg.n_heads, np.float32(1.0 / math.sqrt(cfg.head_dim)),
-        k_cache, v_cache, start, skinny.threads(),
-        work.h, work.qkv, work.q, work.heads_out, work.att, work.merge, work.proj, work.gate_up, work.hidden)
+        k_cache, v_cache, start, skinny.threads(), work.tiled,
+        work.h, work.qkv, work.q, work.heads_out, work.att, work.merge, work.proj, work.gate_up, work.hidden,
+        work.no_blocks, work.packed_d, work.packed_att, work.packed_f)
+
+
+def _times(x, wt, out, tiled, no_blocks, packed, threads):  # pragma: no cover - runs compiled by numba
+    """out = x @ wt.T as `fast.project` computes it: skinny's sweeps, or (tiled) tiles.py's
+    8-row tile over x packed into `packed` [1, K, 8]."""
+    if tiled:
+        S, K = x.shape
+        for k in range(K):
+            for s in range(S):
+                packed[0, k, s] = x[s, k]
+        _rows_times_tiles(no_blocks, packed, x, wt, out, threads)
+    else:
+        _rows_times_rows(x, wt, out)
 
 
 def _layer_rows(x, attn_norm, ffn_norm, eps, wqkv, wo, wgu, wdown, cos, sin, halves, Hq, scale,
-                k_cache, v_cache, start, threads,
-                h, qkv, q, heads_out, att, merge, proj, gate_up, hidden):  # pragma: no cover - runs compiled by numba
+                k_cache, v_cache, start, threads, tiled,
+                h, qkv, q, heads_out, att, merge, proj, gate_up, hidden,
+                no_blocks, packed_d, packed_att, packed_f):  # pragma: no cover - runs compiled by numba
     """fast._block for S rows and a KVCache's arrays, as this module's docstring lays out. Weights
-    as the sweeps take them: [outputs, inputs] (the out-major matrices transposed)."""
+    as the products take them: [outputs, inputs] (the out-major matrices transposed)."""
     S, D = x.shape
     Hkv, d = k_cache.shape[1], k_cache.shape[2]
     _rmsnorm_rows(x, attn_norm, eps, h)  # [S, D]
-    _rows_times_rows(h, wqkv, qkv)  # [S, (Hq + 2Hkv) d]
+    _times(h, wqkv, qkv, tiled, no_blocks, packed_d, threads)  # [S, (Hq + 2Hkv) d]
     _rope_rows(qkv, Hq + Hkv, cos, sin, halves)  # q and k rotated in place
     for s in range(S):  # the new keys and values join the cache
         for j in range(Hkv):
@@ -118,14 +144,14 @@ def _layer_rows(x, attn_norm, ffn_norm, eps, wqkv, wo, wgu, wdown, cos, sin, hal
         for s in range(S):
             for c in range(d):
                 att[s, i * d + c] = heads_out[i * S + s, c]
-    _rows_times_rows(att, wo, proj)  # [S, D]
+    _times(att, wo, proj, tiled, no_blocks, packed_att, threads)  # [S, D]
     for s in range(S):
         for c in range(D):
             x[s, c] += proj[s, c]
     _rmsnorm_rows(x, ffn_norm, eps, h)
-    _rows_times_rows(h, wgu, gate_up)  # [S, 2F]: gate and up side by side
+    _times(h, wgu, gate_up, tiled, no_blocks, packed_d, threads)  # [S, 2F]: gate and up side by side
     _swiglu_rows(gate_up, hidden, threads)  # [S, F]
-    _rows_times_rows(hidden, wdown, proj)  # [S, D]
+    _times(hidden, wdown, proj, tiled, no_blocks, packed_f, threads)  # [S, D]
     for s in range(S):
         for c in range(D):
             x[s, c] += proj[s, c]

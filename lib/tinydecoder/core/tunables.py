@@ -53,7 +53,11 @@ ATTEND_ROWS_UP_TO = 8
 # 121 matrices (the LM head included, cold), medians of 7, ms, sweeps / tiles, same machine and
 # month: 1 row 22 / 33, 4 rows 27 / 35, 5 rows 27 / 29, 6 rows 33 / 31, 7 rows 37 / 31, 8 rows
 # 43-44 / 32 (the sweeps' cost grows with the rows, the 8-row tile's barely): sweeps up to 5.
-SWEEPS_UP_TO_ROWS = 5
+# Once a few rows' blocks ran as one compiled call (core/fused.py), whole SmolLM2 passes of one
+# sequence, medians of 20 alternating passes, tiles' time / the sweeps', at contexts 128 and 512,
+# three runs: 3 rows 1.11 / 1.06, 1.13 / 1.01, 0.99 / 1.06; 4 rows 1.12 / 0.95, 0.98 / 0.99,
+# 0.94 / 0.93; 5 rows 0.92 / 0.87, 0.86 / 0.84, 0.98 / 0.85: sweeps up to 4.
+SWEEPS_UP_TO_ROWS = 4
 # ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
 SKINNY_MIN_WEIGHTS = 1 << 16

@@ -275,7 +275,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
     settle()
     speculative = speculative_speedup(model, prompts, stop_tokens=stop_tokens, repeat=max(5, repeat)) if prompts else None
     settle()
-    batch = batch_decode_speed(model, batch_sizes, batch_context, steps=repeat, cache=cache,
+    batch = batch_decode_speed(model, batch_sizes, batch_context, steps=max(5, repeat), cache=cache,
                                bandwidth_gbps=bw, peak_gflops=gflops, path=path)
     weights = model.nbytes
     base = batch[0]["tokens_per_second"] if batch and batch[0]["batch"] == 1 else None
