@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", choices=("toy", "smollm2"), default="toy",
                        help="toy: the seed toy's shapes (seconds); smollm2: the real model (~1 minute)")
     bench.add_argument("--repeat", type=positive_int_arg, default=3,
-                       help="timed repetitions (default 3; pass costs, speculative runs and batch steps at least 5): roofs "
+                       help="timed repetitions (default 3; pass costs, speculative runs and batch steps at least 9): roofs "
                             "take the best, speeds the median; on a busy machine compare with OPENBLAS_NUM_THREADS=1")
     bench.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     bench.add_argument("--path", choices=("fast", "reference"), default="fast",
