@@ -413,3 +413,21 @@ def test_decode_trace_of_a_cut_model_predicts_what_the_whole_trace_does():
             pytest.approx(bench.predicted_seconds(whole, 4, bw, peak), rel=1e-12)
     assert bench.decode_intensities_by_batch(model, cache, (1, 3)) == \
         {b: bench.layer_intensities(bench.traced(model, batch[:b], [cache] * b), 4, 0) for b in (1, 3)}
+
+
+def test_batch_sizes_take_turns_one_step_each_per_round(monkeypatch):
+    """batch_decode_speed times round by round, every batch size once per round (round 0 untimed),
+    so that a drifting machine moves every batch size alike; each cache is rolled back after its
+    step, and the caller's cache is not changed."""
+    from tinydecoder.serving import bench
+
+    model = toy_bench_model()
+    calls, real = [], bench.PATHS["fast"]
+    monkeypatch.setitem(bench.PATHS, "fast", (real[0], lambda m, batch, caches, **kw:
+                                              calls.append((len(batch), len(caches))) or real[1](m, batch, caches, **kw)))
+    cache = model.new_cache()
+    forward(model, bench.bench_tokens(model, 8), cache)
+    rows = batch_decode_speed(model, (1, 2, 4), context=8, steps=2, cache=cache)
+    assert [b for b, _ in calls] == [1, 2, 4] * 3  # a warm-up round, then 2 timed rounds
+    assert all(n == 8 for _, n in calls)  # every step ran after exactly 8 positions: rolled back each time
+    assert len(cache) == 8 and [r["batch"] for r in rows] == [1, 2, 4]

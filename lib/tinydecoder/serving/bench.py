@@ -202,28 +202,38 @@ def batch_decode_speed(model: Model, batch_sizes=BATCH_SIZES, context: int = 128
                        cache=None, bandwidth_gbps=None, peak_gflops=None, path: str = "fast",
                        stacked: bool = True) -> list:
     """One decode step for B sequences at once (forward_batch), each after `context` cached
-    positions. Per B: aggregate tokens/s (B / step time), and, when the roofs are given, the
-    roofline's prediction (from a traced step). stacked=False (fast path only): the B caches
-    stay separate, so attention runs once per sequence per layer instead of once per layer.
+    positions. Per B: aggregate tokens/s (B / the median step time), and, when the roofs are
+    given, the roofline's prediction (from a traced step). The batch sizes take turns, one step
+    each per round (after one untimed round), so that a machine whose speed drifts during the
+    measurement moves every batch size alike, as `bench_rows.pass_cost` pairs its passes.
+    stacked=False (fast path only): the B caches stay separate, so attention runs once per
+    sequence per layer instead of once per layer.
     -> [{"batch", "tokens_per_second", "seconds", "predicted_tokens_per_second"?}, ...]."""
     cache = prefilled_cache(model, context) if cache is None else cache_copy(cache)  # the caller's stays as it was
     cache.truncate(context)
     itemsize = model.dtype.itemsize
     run = forward_of(path)[1]
-    rows = []
+    together = path == "fast" and stacked
+    setups = []  # (B, its new tokens, the caches its steps run with)
     for b in batch_sizes:
         caches = [cache_copy(cache) for _ in range(b)]
-        batch = [bench_tokens(model, 1, seed=3 + s) for s in range(b)]
-        together = path == "fast" and stacked
-        timed_caches = fast.BatchKVCache.stack(caches, extra=1) if together else caches
+        setups.append((b, [bench_tokens(model, 1, seed=3 + s) for s in range(b)],
+                       fast.BatchKVCache.stack(caches, extra=1) if together else caches))
+    if path == "fast":
+        settle()  # numpy's BLAS threads may still spin from earlier work; the steps run numba's
+    times = {b: [] for b in batch_sizes}
+    for i in range(1 + steps):  # round 0 warms up
+        for b, batch, timed_caches in setups:
+            def undo(timed_caches=timed_caches):
+                for c in ([timed_caches] if together else timed_caches):
+                    c.truncate(context)
 
-        def undo():
-            for c in ([timed_caches] if together else caches):
-                c.truncate(context)
-
-        if path == "fast":
-            settle()  # the previous batch's trace ran numpy's BLAS on several threads
-        seconds = median_seconds(lambda: run(model, batch, timed_caches, last_only=True), steps, after=undo)
+            seconds = run_times(lambda: run(model, batch, timed_caches, last_only=True), 1, warmup=0, after=undo)
+            if i:
+                times[b] += seconds
+    rows = []
+    for b, batch, _ in setups:
+        seconds = float(np.median(times[b]))
         row = {"batch": int(b), "tokens_per_second": b / seconds, "seconds": seconds}
         if bandwidth_gbps and peak_gflops:
             trace, layers = decode_trace(model, batch, cache)  # layer 0 stands for every layer
