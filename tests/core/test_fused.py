@@ -45,8 +45,8 @@ def pair(cfg, seed=5):
 
 @pytest.fixture
 def layers_run(monkeypatch):
-    """Every matrix goes to the sweeps (the toy matrices are below SKINNY_MIN_WEIGHTS); the list
-    collects the rows of each fused.layer call."""
+    """Every matrix goes to numba's products (the toy matrices are below SKINNY_MIN_WEIGHTS); the
+    list collects the rows of each fused.layer call."""
     monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
     calls, real = [], fused.layer
     monkeypatch.setattr(fused, "layer", lambda model, l, x, *a: calls.append(x.shape[0]) or real(model, l, x, *a))
@@ -106,7 +106,7 @@ def test_fused_decode_and_checks_equal_the_reference(name, layers_run):
     assert len(cache) == at
 
 
-def test_other_passes_run_the_unfused_block_and_stay_right(layers_run, monkeypatch):
+def test_other_passes_run_the_unfused_block_and_stay_right(layers_run):
     ref, mine = pair(CONFIGS["gqa"])
     ids = tokens(20, seed=2)
     want = reference.forward(ref, ids)
