@@ -23,10 +23,10 @@ shapes LLVM may vectorise a kernel it inlines here, such as the norm's sum, in a
 the last bit of a float32 may differ: tests bound it), only sooner.
 
 Measured (SmolLM2, December 2026, the Zen 3 machine of tunables.SWEEPS_UP_TO_ROWS, both paths
-alternating in one process, medians of 22 passes at contexts 128, 512 and 2,048, three runs): a
-decode step 0.88-0.93x its time (at context 128, in a quiet hour, 19.9-21.1 -> 18.5-19.4 ms),
-3 rows 0.92-0.94x, 5 to 8 rows (in tiles) 0.80-0.87x: unfused, each of their products also
-packs its rows for the tile in numpy.
+alternating in one process, medians of 22 passes at contexts 128, 512 and 2,048, two to five
+runs): a decode step 0.86-0.95x its time (at context 128, in a quiet hour, 19.9-21.1 -> 18.5-19.4
+ms), 3 rows 0.87-0.94x, 5 rows in the sweeps 0.91-0.98x, 5 to 8 rows in the tile 0.80-0.87x
+(unfused, each of their products also packs its rows for the tile in numpy).
 
 It applies (`applies`, `fits`) to a pass over at most tunables.ATTEND_ROWS_UP_TO rows of one
 sequence with a `KVCache` (the rows `one_query` attends), on a float32 RoPE model, for each layer
