@@ -43,11 +43,9 @@ from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.
 )
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
-# The pass costs, the speculative speed-ups and the batch steps compare timings taken at
-# different moments, so a shared machine's drift moves them most: each is the median of at least
-# this many runs. (On the Zen 3 machine of tunables, December 2026, the free-text speculative
-# ratio still ranged 0.93-1.03 over 11 runs of the same kernels with 9, against 0.93-0.99 over 4
-# with 5: more runs make a median steadier, not the machine.)
+# The pass costs, the speculative speed-ups and the batch steps are medians of at least this many
+# runs: a shared machine's drift moves them most. (Zen 3, December 2026: the free-text speculative
+# ratio ranged 0.93-1.03 over 11 bench runs with 9, 0.93-0.99 over 4 with 5, same kernels.)
 MOVING_REPEAT = 9
 # What is timed: "fast" (tinydecoder.fast; a batch decodes from one BatchKVCache) or "reference"
 # (model.forward, and forward_each: one sequence after another). Traces always use the reference.
