@@ -190,7 +190,7 @@ def project(x, w, out):
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
     tunables.py."""
     M = x.shape[0]
-    if w.size >= tunables.SKINNY_MIN_WEIGHTS and skinny.fits(x, w):  # numba: BLAS held to one thread
+    if skinny.takes(w) and skinny.fits(x, w):  # numba: BLAS held to one thread
         if M <= tunables.SWEEPS_UP_TO_ROWS:  # out: C-contiguous float32, as both kernels need
             skinny.product(x, w, out)
         else:

@@ -64,8 +64,7 @@ def applies(model: Model, cache, rows: int) -> bool:
 def fits(weights) -> bool:
     """Whether a layer's four matrices are ones `fast.project` gives to numba's kernels (skinny's
     sweeps, or tiles): out-major float32 of at least SKINNY_MIN_WEIGHTS numbers."""
-    return all(w.size >= tunables.SKINNY_MIN_WEIGHTS and w.dtype == np.float32 and w.ndim == 2 and w.flags.f_contiguous
-               for w in (weights.w_qkv, weights.wo, weights.w_gate_up, weights.w_down))
+    return all(skinny.takes(w) for w in (weights.w_qkv, weights.wo, weights.w_gate_up, weights.w_down))
 
 
 class Work:

@@ -35,6 +35,8 @@ import importlib.util
 
 import numpy as np
 
+from . import tunables
+
 
 def _fast_extra_installed() -> bool:
     """Whether both packages of the [fast] extra are installed: numba, and threadpoolctl to hold
@@ -92,6 +94,14 @@ def fits(x: np.ndarray, w: np.ndarray) -> bool:
     """Whether `rows_times(x, w, out)` applies: float32 rows and an out-major float32 weight."""
     return (available() and x.dtype == np.float32 and w.dtype == np.float32 and x.ndim == 2
             and w.ndim == 2 and w.flags.f_contiguous and x.shape[1] == w.shape[0])
+
+
+def takes(w: np.ndarray) -> bool:
+    """Whether the fast path gives weight w to numba's products (this module's sweeps or tiles.py's
+    tiles): numba installed, w out-major float32 [K, N] of at least tunables.SKINNY_MIN_WEIGHTS
+    numbers. `fast.project` and `fused.fits` both ask it, so the two paths pick alike."""
+    return (available() and w.dtype == np.float32 and w.ndim == 2 and w.flags.f_contiguous
+            and w.size >= tunables.SKINNY_MIN_WEIGHTS)
 
 
 def rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
