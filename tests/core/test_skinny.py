@@ -54,6 +54,32 @@ def test_rows_times_equals_the_product(module, K, N, M):
 
 
 @needs_numba
+def test_tiles_pack_into_a_reused_work_array():
+    """tiles.product packs the rows into the work array it is given (as a pass hands the same one
+    to all its products), whatever that array held: rows past M are zeroed, and a product with
+    fewer rows or a shorter K reuses it. A work array too small for the product is not used."""
+    from tinydecoder.core import tiles
+
+    rng = np.random.default_rng(7)
+    work = np.full(tiles.work_numbers(40, 50), np.nan, np.float32)
+    for M, K, N in [(40, 50, 12), (25, 50, 7), (9, 31, 12), (17, 50, 6), (33, 20, 13), (40, 50, 12)]:
+        w = np.asfortranarray(rng.standard_normal((K, N)).astype(np.float32))
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        out = np.full((M, N), np.nan, np.float32)
+        assert tiles.product(x, w, out, work) is out
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max())
+        blocks = -(-(M - (M % 16 if M % 16 <= 8 else 0)) // 16)
+        np.testing.assert_array_equal(work[:blocks * K * 16].reshape(blocks, K, 16),
+                                      tiles.pack_rows(x[:blocks * 16] if M % 16 <= 8 else x))  # packed as pack_rows packs
+    small = np.full(10, np.nan, np.float32)
+    x, w = rng.standard_normal((20, 8)).astype(np.float32), np.asfortranarray(rng.standard_normal((8, 6)).astype(np.float32))
+    out = tiles.product(x, w, np.empty((20, 6), np.float32), small)
+    np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-5)
+    assert np.isnan(small).all()  # too small: a new array was packed instead
+
+
+@needs_numba
 @pytest.mark.parametrize("module", ["skinny", "tiles"])
 def test_rows_times_refuses_what_it_cannot_read(module):
     from tinydecoder.core import tiles
@@ -110,11 +136,11 @@ def kernel(request, monkeypatch):
         calls = []  # (kernel, rows) of each product fast.project runs in numba, and of each prefill's attention
         for name, module in (("skinny", skinny), ("tiles", tiles)):  # what fast.project calls: rows_times without its checks
             real = module.product
-            monkeypatch.setattr(module, "product", lambda x, w, out, real=real, name=name:
-                                calls.append((name, x.shape[0])) or real(x, w, out))
+            monkeypatch.setattr(module, "product", lambda x, w, out, *work, real=real, name=name:
+                                calls.append((name, x.shape[0])) or real(x, w, out, *work))
         real_attention = prefill_attention.attend_prefill
         monkeypatch.setattr(prefill_attention, "attend_prefill",
-                            lambda q, k, v: calls.append(("attention", q.shape[0])) or real_attention(q, k, v))
+                            lambda q, k, v, *out: calls.append(("attention", q.shape[0])) or real_attention(q, k, v, *out))
         return calls
     monkeypatch.setattr(skinny, "_HAVE_FAST", False)
     return None

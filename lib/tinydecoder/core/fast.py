@@ -180,7 +180,7 @@ def _attend_block(q, k, v, g):
     return out.reshape(B, Hkv, g, S, d).transpose(0, 3, 1, 2, 4).reshape(B, S, Hq * d)
 
 
-def project(x, w, out):
+def project(x, w, out, work=None):
     """out = x @ w for x [M, K], w [K, N] (as stored), choosing the kernel. Float32 rows times an
     out-major weight (SmolLM2's, `checkpoint.weights`) of at least SKINNY_MIN_WEIGHTS weights run
     in numba when it is installed, all rows in one call: up to SWEEPS_UP_TO_ROWS rows in
@@ -188,7 +188,7 @@ def project(x, w, out):
     Otherwise numpy's BLAS: one row is a matrix-vector product (GEMV), which streams the
     weights; GEMV_ROWS rows run as that many GEMVs; fewer than PAD_ROWS_TO rows are padded with
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
-    tunables.py."""
+    tunables.py. work: where the tiles pack the rows (`_Buffers.packed`), or None."""
     M = x.shape[0]
     if skinny.takes(w) and skinny.fits(x, w):  # numba: BLAS held to one thread
         if M <= tunables.SWEEPS_UP_TO_ROWS:  # out: C-contiguous float32, as both kernels need
@@ -196,7 +196,7 @@ def project(x, w, out):
         else:
             from . import tiles  # imports numba and llvmlite
 
-            tiles.product(x, w, out)
+            tiles.product(x, w, out, work)
     elif M in tunables.GEMV_ROWS:
         for i in range(M):
             np.matmul(x[i], w, out=out[i])
@@ -253,7 +253,7 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
             elif qb - qa > ATTEND_ROWS_UP_TO and one_query.fits_rows(q[qa:qb], k_all, v_all):
                 from . import prefill_attention  # imports numba: register tiles on every core
 
-                out[qa:qb] = prefill_attention.attend_prefill(q[qa:qb], k_all, v_all)
+                prefill_attention.attend_prefill(q[qa:qb], k_all, v_all, out[qa:qb])
             elif qb - qa == 1 and len(k_all) >= ONE_QUERY_GEMM_FROM and k_all.flags.c_contiguous:
                 out[qa] = attend_one_query(q[qa], k_all, v_all)
             else:
@@ -306,7 +306,7 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
     x = embed_tokens(model, ids, positions)  # [N, D], a fresh array: updated in place below
     N, D = x.shape
     tables = rope_tables(cfg, positions, x.dtype) if cfg.position == "rope" else None
-    buffers = _Buffers(cfg, N, x.dtype)
+    buffers = _Buffers(cfg, N, x.dtype, tiled=x.dtype == np.float32 and N > tunables.SWEEPS_UP_TO_ROWS)
     if keep is not None and len(keep) == N:  # one new token per sequence: every row is kept
         keep = None
     use_numba = x.dtype == np.float32 and skinny.available()
@@ -325,13 +325,18 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
 class _Buffers:
     """The pass's work arrays, allocated once and reused by every layer."""
 
-    def __init__(self, cfg: Config, N: int, dtype):
+    def __init__(self, cfg: Config, N: int, dtype, tiled: bool = False):
         Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.h = np.empty((N, cfg.d_model), dtype)  # normed input
         self.qkv = np.empty((N, (Hq + 2 * Hkv) * d), dtype)
         self.proj = np.empty((N, cfg.d_model), dtype)  # an output projection before the residual add
         self.gate_up = np.empty((N, 2 * cfg.d_ff), dtype)
         self.hidden = np.empty((N, cfg.d_ff), dtype)
+        self.packed = None  # where tiles.py packs the rows of every product (tiled: more rows than the sweeps take)
+        if tiled and skinny.available():
+            from . import tiles
+
+            self.packed = np.empty(tiles.work_numbers(N, max(cfg.d_model, Hq * d, cfg.d_ff)), np.float32)
 
 
 def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
@@ -341,13 +346,15 @@ def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
     N = x.shape[0]
     h = rmsnorm_into(x, layer.attn_norm, cfg.norm_eps, buf.h)  # [N, D]
     if rows is None:  # one matmul for Q, K and V, split where used
-        qkv = project(h, layer.w_qkv, buf.qkv)  # [N, (Hq + 2Hkv) d]
+        qkv = project(h, layer.w_qkv, buf.qkv, buf.packed)  # [N, (Hq + 2Hkv) d]
         q_rows, kv = qkv[:, :Hq * d], qkv[:, Hq * d:]
     else:  # queries of the kept rows only; keys and values of every row (they are cached)
         w_q, w_kv = layer.w_qkv[:, :Hq * d], layer.w_qkv[:, Hq * d:]
         q_rows = project(h[rows], w_q, np.empty((len(rows), Hq * d), h.dtype))
-        kv = project(h, w_kv, np.empty((N, 2 * Hkv * d), h.dtype))
+        kv = project(h, w_kv, np.empty((N, 2 * Hkv * d), h.dtype), buf.packed)
+        packed = buf.packed  # big enough for fewer rows too
         x, buf = x[rows], _Buffers(cfg, len(rows), x.dtype)
+        buf.packed = packed
     k, v = kv[:, :Hkv * d].reshape(N, Hkv, d), kv[:, Hkv * d:].reshape(N, Hkv, d)  # [N, Hkv, d] views
     q = q_rows.reshape(-1, Hq, d)  # [Nq, Hq, d]
     if tables is not None:
@@ -364,11 +371,11 @@ def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
             q = rotate(q, tables.take(rows), cfg.rope_layout)
             k = rotate(k, tables, cfg.rope_layout)
     out = attention(l, q, k, v, rows)  # [Nq, Hq*d]
-    x += project(out, layer.wo, buf.proj)  # [Nq, D]
+    x += project(out, layer.wo, buf.proj, buf.packed)  # [Nq, D]
     z = rmsnorm_into(x, layer.ffn_norm, cfg.norm_eps, buf.h[:x.shape[0]])
-    gate_up = project(z, layer.w_gate_up, buf.gate_up)  # [Nq, 2F]: gate and up side by side
+    gate_up = project(z, layer.w_gate_up, buf.gate_up, buf.packed)  # [Nq, 2F]: gate and up side by side
     hidden = swiglu_into(gate_up, buf.hidden)  # [Nq, F]: silu(gate) * up
-    x += project(hidden, layer.w_down, buf.proj)  # [Nq, D]
+    x += project(hidden, layer.w_down, buf.proj, buf.packed)  # [Nq, D]
     return x
 
 

@@ -15,8 +15,9 @@ with tiles.py's register tile for both products: 6 keys x 16 rows for the scores
 are the "weights", the rows' q packed as tiles.pack_rows packs rows), and 6 output columns x
 16 rows for the weighted values (V transposed: each column of V is a "weight row" over t;
 P is stored [t, 16], already the packed layout the tile reads). The softmax runs down the 16
-columns of P at once (`vexp.exp_le0`). Same numbers as `ops.attention` up to float32 rounding
-(tests bound it).
+columns of P at once (`vexp.exp_le0`). The same compiled call first lays these operands out
+from q, k and v as they lie (no numpy copies), and writes each row's output where the pass
+reads it. Same numbers as `ops.attention` up to float32 rounding (tests bound it).
 """
 from __future__ import annotations
 
@@ -24,18 +25,18 @@ import math
 
 import numpy as np
 
-from . import skinny, tiles
+from . import skinny
 from .tiles import OUTPUTS, ROWS, tile
 
 prange = range  # numba.prange once compiled (skinny.compiled)
-INLINE = ("vexp.exp_le0", "_scores", "_softmax_columns")  # compiled into `_attend_tasks` (skinny.compiled)
+INLINE = ("vexp.exp_le0", "_lay_out", "_scores", "_softmax_columns")  # compiled into `_attend_tasks` (skinny.compiled)
 exp_le0 = None  # vexp.exp_le0, bound by skinny.compiled
 
 
-def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """q: [S, Hq, d] float32, the newest S positions of one sequence; k, v: [T, Hkv, d] float32
-    (the KVCache's layout, the S new positions last)  -> [S, Hq*d]. Query s sees positions
-    0 .. T - S + s."""
+    (the KVCache's layout, the S new positions last)  -> [S, Hq*d] (written into `out` when given:
+    float32, C-contiguous). Query s sees positions 0 .. T - S + s."""
     S, Hq, d = q.shape
     T, Hkv = k.shape[0], k.shape[1]
     if not (q.dtype == k.dtype == v.dtype == np.float32 and k.shape == v.shape and k.shape[2] == d
@@ -44,27 +45,31 @@ def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
                          f"Hq a multiple of Hkv; got q {q.dtype}{list(q.shape)}, k {k.dtype}{list(k.shape)}, "
                          f"v {v.dtype}{list(v.shape)}")
     g = Hq // Hkv
-    # rows of KV head h: r = s * g + i (query s, head h * g + i), packed in blocks of 16 rows
-    rows = (q.reshape(S, Hkv, g, d) * np.float32(1.0 / math.sqrt(d))).transpose(1, 0, 2, 3).reshape(Hkv, S * g, d)
-    packed = np.stack([tiles.pack_rows(rows[h]) for h in range(Hkv)])  # [Hkv, blocks, d, 16]
-    padded = -(-T // OUTPUTS) * OUTPUTS  # tiles of 6 keys: zero keys past T
-    keys = np.zeros((Hkv, padded, d), np.float32)
-    keys[:, :T] = k.transpose(1, 0, 2)
-    columns = -(-d // OUTPUTS) * OUTPUTS  # tiles of 6 value columns: zero columns past d
-    values_t = np.zeros((Hkv, columns, T), np.float32)  # V transposed: a row per column of V
-    values_t[:, :d] = v.transpose(1, 2, 0)
-    out = np.empty((Hkv, packed.shape[1] * ROWS, d), np.float32)
-    skinny.compiled(_attend_tasks)(packed, keys, values_t, T - S, g, S, out, skinny.threads())
-    return out[:, :S * g].reshape(Hkv, S, g, d).transpose(1, 0, 2, 3).reshape(S, Hq * d)
+    packed = np.empty((Hkv, -(-S * g // ROWS), d, ROWS), np.float32)  # rows r = s * g + i of KV head h, 16 a block
+    keys = np.empty((Hkv, -(-T // OUTPUTS) * OUTPUTS, d), np.float32)  # tiles of 6 keys: zero keys past T
+    values_t = np.empty((Hkv, -(-d // OUTPUTS) * OUTPUTS, T), np.float32)  # V transposed, zero columns past d
+    out = np.empty((S, Hq * d), np.float32) if out is None else out
+    skinny.compiled(_attend_tasks)(q, k, v, np.float32(1.0 / math.sqrt(d)), packed, keys, values_t, out,
+                                   skinny.threads())
+    return out
 
 
-def _attend_tasks(packed, keys, values_t, past, g, S, out, threads):  # pragma: no cover - runs compiled by numba
-    """out[h, r] for every KV head h and row r < S * g (see attend_prefill). Tasks (h, block of
-    16 rows), dealt to the threads in turn (later blocks see more keys: each thread gets some
-    of each)."""
-    Hkv, blocks, d, _ = packed.shape
-    T = values_t.shape[2]
+def _attend_tasks(q, k, v, scale, packed, keys, values_t, out, threads):  # pragma: no cover - runs compiled by numba
+    """out[s, (h * g + i) * d + c] for every query s, query head h * g + i of KV head h and
+    column c (see attend_prefill). First every thread lays out its share of the operands for the
+    tiles: the rows r = s * g + i of each KV head, times `scale`, packed as tiles.pack_rows packs
+    rows (`packed` [Hkv, blocks, d, 16]); the keys by head (`keys` [Hkv, T rounded up to 6, d]);
+    the values by head and column (`values_t` [Hkv, d rounded up to 6, T]). Then the tasks (h,
+    block of 16 rows), dealt to the threads in turn (later blocks see more keys: each thread gets
+    some of each)."""
+    S, Hq, d = q.shape
+    T, Hkv = k.shape[0], k.shape[1]
+    blocks = packed.shape[1]
+    g = Hq // Hkv
+    past = T - S
     columns = values_t.shape[1]
+    for w in prange(threads):
+        _lay_out(q, k, v, scale, packed, keys, values_t, w, threads)
     for w in prange(threads):
         acc = np.empty((OUTPUTS, ROWS), np.float32)
         scores = np.empty((1, keys.shape[1], ROWS), np.float32)  # P [t, 16]: a packed block of rows for the tile
@@ -88,9 +93,31 @@ def _attend_tasks(packed, keys, values_t, past, g, S, out, threads):  # pragma: 
                 for j in range(ROWS):
                     r = b * ROWS + j
                     if stop[j] > 0:
+                        first = (h * g + r % g) * d + c0  # query s = r // g, head h * g + r % g, column c0
                         for i in range(min(OUTPUTS, d - c0)):
-                            out[h, r, c0 + i] = acc[i, j] / total[j]
+                            out[r // g, first + i] = acc[i, j] / total[j]
     return out
+
+
+def _lay_out(q, k, v, scale, packed, keys, values_t, w, threads):  # pragma: no cover - runs compiled by numba
+    """Thread w's share of the operands' layout (see _attend_tasks): blocks of rows in turn,
+    and every threads-th KV head's keys and values."""
+    S, Hq, d = q.shape
+    T, Hkv = k.shape[0], k.shape[1]
+    g = Hq // Hkv
+    for task in range(w, Hkv * packed.shape[1], threads):
+        h, b = task % Hkv, task // Hkv
+        for j in range(ROWS):
+            r = b * ROWS + j  # query r // g, head h * g + r % g
+            for c in range(d):
+                packed[h, b, c, j] = q[r // g, h * g + r % g, c] * scale if r < S * g else np.float32(0.0)
+    for h in range(w, Hkv, threads):
+        for t in range(keys.shape[1]):
+            for c in range(d):
+                keys[h, t, c] = k[t, h, c] if t < T else np.float32(0.0)
+        for c in range(values_t.shape[1]):
+            for t in range(T):
+                values_t[h, c, t] = v[t, h, c] if c < d else np.float32(0.0)
 
 
 def _scores(keys, packed, b, seen, acc, p):  # pragma: no cover - runs compiled by numba
