@@ -208,6 +208,22 @@ def test_prompt_lookup_finds_the_latest_longest_match():
     assert lookup([6, 6, 6], 2) == [6]  # overlapping match; only what followed it
 
 
+def test_prompt_lookup_guesses_at_most_per_matched_token_per_token_of_its_match():
+    """A match of n tokens earns at most per_matched_token * n guesses (and k at most); the
+    occurrence is the latest one followed by that many."""
+    ctx = [1, 5, 6, 7, 8, 9, 2, 3, 1]
+    assert lookup(ctx, 4) == [5, 6, 7, 8]  # no cap
+    assert lookup(ctx, 4, per_matched_token=2) == [5, 6]  # "1": one token matched, two guesses
+    assert lookup(ctx, 4, per_matched_token=1) == [5]
+    assert lookup([2, 3, 5, 6, 7, 8, 9, 2, 3], 4, per_matched_token=2) == [5, 6, 7, 8]  # "2 3": four
+    assert lookup([2, 3, 5, 6, 7, 8, 9, 2, 3], 3, per_matched_token=2) == [5, 6, 7]  # k still bounds it
+    assert lookup([1, 4, 1, 5, 6, 7, 1], 3) == [5, 6, 7] and lookup([1, 4, 1, 5, 6, 7, 1], 3, per_matched_token=1) == [5]
+    assert lookup([1, 4, 1, 5, 1], 3, per_matched_token=1) == [5]  # the latest "1" followed by one token
+    draft = PromptLookupDraft(11)
+    assert draft.per_matched_token == 2 and draft.propose(ctx, 4) == ([5, 6], None)
+    assert PromptLookupDraft(11, per_matched_token=4).propose(ctx, 4) == ([5, 6, 7, 8], None)
+
+
 # ---------------------------------------------------------------- the sampling rule
 P = np.array([0.05, 0.30, 0.15, 0.25, 0.05, 0.20])
 Q = np.array([0.30, 0.10, 0.15, 0.05, 0.35, 0.05])
@@ -315,6 +331,9 @@ def test_errors(rope_model):
         speculative_generate(rope_model, [1] * 100, 40)
     with pytest.raises(ValueError, match="min_ngram"):
         PromptLookupDraft(11, max_ngram=2, min_ngram=3)
+    for bad_value in (0, True, 1.5):
+        with pytest.raises(ValueError, match="per_matched_token must be an integer >= 1"):
+            PromptLookupDraft(11, per_matched_token=bad_value)
     bad = OracleDraft(11, [99] * 10, 2)
     with pytest.raises(ValueError, match="token id 99"):
         speculative_generate(rope_model, [1, 2], 5, bad)

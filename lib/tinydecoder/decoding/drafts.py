@@ -26,35 +26,42 @@ from ..core.model import Model
 
 class PromptLookupDraft:
     """Propose the tokens that followed an earlier occurrence of the context's last n tokens
-    (n from `max_ngram` down to `min_ngram`, longest match first; see `lookup`). Deterministic: q is
-    None (one-hot). Saxena 2023, "prompt lookup decoding"; in Hugging Face `prompt_lookup_num_tokens`."""
+    (n from `max_ngram` down to `min_ngram`, longest match first; see `lookup`), at most
+    `per_matched_token` guesses for each of the n matched tokens: a one-token match is weak
+    evidence of a copy, a three-token match stronger. Deterministic: q is None (one-hot). Saxena
+    2023, "prompt lookup decoding"; in Hugging Face `prompt_lookup_num_tokens`."""
 
-    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
-        for name, value in (("vocab_size", vocab_size), ("max_ngram", max_ngram), ("min_ngram", min_ngram)):
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, per_matched_token: int = 2):
+        for name, value in (("vocab_size", vocab_size), ("max_ngram", max_ngram), ("min_ngram", min_ngram),
+                            ("per_matched_token", per_matched_token)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"PromptLookupDraft: {name} must be an integer >= 1, got {value!r}")
         if min_ngram > max_ngram:
             raise ValueError(f"PromptLookupDraft: min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
         self.vocab_size, self.max_ngram, self.min_ngram = int(vocab_size), int(max_ngram), int(min_ngram)
+        self.per_matched_token = int(per_matched_token)
         self.name = "prompt-lookup"
 
     def propose(self, tokens, k: int, policy=None):
-        return lookup(tokens, k, self.max_ngram, self.min_ngram), None
+        return lookup(tokens, k, self.max_ngram, self.min_ngram, self.per_matched_token), None
 
     def __repr__(self) -> str:
-        return f"PromptLookupDraft(max_ngram={self.max_ngram}, min_ngram={self.min_ngram})"
+        return (f"PromptLookupDraft(max_ngram={self.max_ngram}, min_ngram={self.min_ngram}, "
+                f"per_matched_token={self.per_matched_token})")
 
 
-def lookup(tokens, k: int, max_ngram: int = 3, min_ngram: int = 1) -> list:
-    """Up to k tokens that followed an earlier occurrence of the context's last n tokens (the
-    longest n first): the latest occurrence followed by at least k tokens, else the earliest
-    (the one followed by the most). [] when no n-gram of the tail occurs before it."""
+def lookup(tokens, k: int, max_ngram: int = 3, min_ngram: int = 1, per_matched_token: int | None = None) -> list:
+    """Up to k tokens (and, with per_matched_token, up to that many per matched token: n times
+    it) that followed an earlier occurrence of the context's last n tokens (the longest n first):
+    the latest occurrence followed by at least that many tokens, else the earliest (the one
+    followed by the most). [] when no n-gram of the tail occurs before it."""
     seq = np.asarray(tokens, dtype=np.int64)
     for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
         tail = seq[-n:]
         windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)  # [T-n, n], all but the tail itself
         starts = np.flatnonzero((windows == tail).all(axis=1))
         if starts.size:
+            k = k if per_matched_token is None else min(k, per_matched_token * n)
             full = starts[starts + n + k <= len(seq)]  # matches with k tokens after them
             follow = int(full[-1] if full.size else starts[0]) + n
             return [int(t) for t in seq[follow:follow + k]]
