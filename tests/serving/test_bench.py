@@ -247,6 +247,21 @@ def test_matmul_probe_counts_flops():
     assert probe.n == 64 and 0 < probe() < 1e6
 
 
+@pytest.mark.parametrize("kernel", ["fast", "numpy"])
+def test_bandwidth_probe_reads_a_matrix_shaped_like_the_models(kernel):
+    """The probe's W has PROBE_INPUTS rows (SmolLM2's width), as many columns as the bytes allow, is
+    stored as each kernel reads a decode step's weights, and the probe gives a rate."""
+    from tinydecoder.serving.machine import PROBE_INPUTS, bandwidth_probe
+
+    probe = bandwidth_probe(2**20, kernel)
+    w = probe.matrix
+    assert w.shape == (PROBE_INPUTS, 2**20 // (4 * PROBE_INPUTS)) and probe.nbytes == w.nbytes <= 2**20
+    assert w.flags.f_contiguous if kernel == "fast" else w.flags.c_contiguous
+    assert 0 < probe() < 1e6
+    with pytest.raises(ValueError, match="kernel must be 'fast' or 'numpy'"):
+        bandwidth_probe(2**20, "blas")
+
+
 def _fake_run_times(step_times):
     """run_times with a fake clock: calls before/fn/after like the real one, returns given times."""
     def run_times(fn, repeat=5, warmup=1, after=None, before=None):
