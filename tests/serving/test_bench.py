@@ -186,6 +186,22 @@ def test_cli_bench_json_for_the_toy(capsys):
         assert row["tokens_per_second"] > 0 and row["predicted_tokens_per_second"] > 0
     assert result["batch_decode"][0]["speedup_vs_batch_1"] == 1.0
     assert result["weights_bytes"] == toy_bench_model().nbytes
+    assert result["cpu"].endswith(("core", "cores", "AVX", "AVX2", "AVX-512"))  # this machine's, in one line
+
+
+def test_describe_cpu_from_cpuinfo():
+    """The first processor's model, family and widest vector extension; the platform's names without
+    /proc/cpuinfo."""
+    from tinydecoder.serving.machine import describe_cpu
+
+    info = ("processor\t: 0\nmodel name\t: AMD EPYC 9R14\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512vl\n\n"
+            "processor\t: 1\nmodel name\t: something else\nflags\t\t: sse2\n")
+    assert describe_cpu(info, 2) == "AMD EPYC 9R14 (family 25 model 17), 2 cores, AVX-512"
+    assert describe_cpu(info.replace(" avx512f", ""), 1) == "AMD EPYC 9R14 (family 25 model 17), 1 core, AVX2"
+    assert describe_cpu("", 8, "arm64", "") == "arm64, 8 cores"
+    assert describe_cpu("", 4, "x86_64", "Intel64 Family 6") == "Intel64 Family 6, 4 cores"
+    assert describe_cpu("", 4) == "unknown CPU, 4 cores"
 
 
 def test_cli_bench_table_and_bad_model(capsys):

@@ -31,6 +31,7 @@ from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.
     attainable_gflops,
     bandwidth_probe,
     best_seconds,
+    cpu_description,
     gemm_times,
     matmul_probe,
     measure_bandwidth,
@@ -292,14 +293,14 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
     settle()
     batch = batch_decode_speed(model, batch_sizes, batch_context, steps=moving, cache=cache,
                                bandwidth_gbps=bw, peak_gflops=gflops, path=path)
-    weights = model.nbytes
     base = batch[0]["tokens_per_second"] if batch and batch[0]["batch"] == 1 else None
     for row in batch:
         row["speedup_vs_batch_1"] = row["tokens_per_second"] / base if base else None
     result = {
         "model": model.config.name,
         "path": path,
-        "weights_bytes": int(weights),
+        "cpu": cpu_description(),
+        "weights_bytes": int(model.nbytes),
         "bandwidth_gbps": bw,
         "copy_bandwidth_gbps": roofs["copy_gbps"],
         "matmul_gflops": gflops,
@@ -339,7 +340,7 @@ def kernels_in_use(model: Model) -> str:
 
 def format_report(result: dict) -> str:
     """The bench result as a short table for people."""
-    lines = [f"model {result['model']}: {result['weights_bytes'] / 1e6:.3f} MB of weights",
+    lines = [f"model {result['model']}: {result['weights_bytes'] / 1e6:.3f} MB of weights; {result['cpu']}",
              f"memory bandwidth  {result['bandwidth_gbps']:8.2f} GB/s  (matrix-vector; copy "
              f"{result['copy_bandwidth_gbps']:.2f} GB/s)",
              f"matmul            {result['matmul_gflops']:8.2f} GFLOP/s  (ridge point "

@@ -8,12 +8,16 @@
 - `gemm_times`: one weight matrix times M rows, numpy's matmul against the fast path's `project`.
 - `ridge_point`, `attainable_gflops`: the roofline from the two roofs; `H100_SXM` a GPU's
   published figures for comparison.
+- `cpu_description`: which CPU ran the measurements (the kernels' best choices, and so every
+  ratio bench reports, differ from one CPU generation to the next).
 
 Timings use time.perf_counter; nothing here asserts a speed. `serving.bench` builds the
 model's measurements on these.
 """
 from __future__ import annotations
 
+import os
+import platform
 import time
 
 import numpy as np
@@ -123,6 +127,36 @@ def measure_bandwidth(nbytes: int = 2**28, repeat: int = 5) -> dict:
     copy_seconds = best_seconds(lambda: np.copyto(dst, w), repeat)
     return {"bandwidth_gbps": best, "by_kernel": by_kernel, "copy_gbps": 2 * w.nbytes / copy_seconds / 1e9,
             "bytes": probe.nbytes, "seconds": probe.nbytes / best / 1e9}
+
+
+def cpu_description() -> str:
+    """This machine's CPU in one line, for a benchmark's report: `describe_cpu` of /proc/cpuinfo
+    (Linux), else of what the platform module knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    return describe_cpu(text, os.cpu_count() or 1, platform.machine(), platform.processor())
+
+
+def describe_cpu(cpuinfo: str, cores: int, machine: str = "", processor: str = "") -> str:
+    """"<model name> (family F model M), N cores, <widest vector extension>" from the text of
+    /proc/cpuinfo (its first processor's fields); without one, the processor or machine name."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's fields only
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or processor or machine or "unknown CPU"
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    flags = set(fields.get("flags", "").split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "AVX" if "avx" in flags else ""
+    return f"{name}, {cores} core{'s' if cores != 1 else ''}" + (f", {vector}" if vector else "")
 
 
 def settle(seconds: float = tunables.BLAS_SPIN_SECONDS) -> None:
