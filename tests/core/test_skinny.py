@@ -33,7 +33,7 @@ def tokens(n, seed=0):
 
 @needs_numba
 @pytest.mark.parametrize("module", ["skinny", "tiles"])
-@pytest.mark.parametrize("K, N", [(64, 96), (37, 5), (300, 1), (16, 2), (24, 13), (9, 23), (0, 7)])
+@pytest.mark.parametrize("K, N", [(64, 96), (37, 5), (300, 1), (16, 2), (24, 13), (9, 23), (1, 7), (0, 7)])
 @pytest.mark.parametrize("M", list(range(1, 12)) + [16, 17, 24, 25, 33, 100])
 def test_rows_times_equals_the_product(module, K, N, M):
     """skinny's sweeps and tiles.py's register tiles, each for any number of rows (fast.project
