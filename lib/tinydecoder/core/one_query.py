@@ -140,7 +140,7 @@ def _block_scores(q, k, a, b, scores):  # pragma: no cover - runs compiled by nu
     width = scores.shape[1]
     stop = a if d % 8 else a + (b - a) // 8 * 8  # dots8 up to here (fits_rows: d > 0, so d >= 8 here)
     for t0 in range(a, stop, 8):
-        prefetch(k, (t0 + 16) * Hkv * d, 8 * Hkv * d)  # the keys two blocks ahead, all heads
+        prefetch(k, (t0 + 16) * Hkv * d, 8 * Hkv * d)  # the keys two blocks ahead, all heads, into L2
         for h in range(Hkv):
             for j in range(h * G, h * G + G):
                 dots8(k, (t0 * Hkv + h) * d, Hkv * d, q, j * d, d, scores, j * width + t0 - a)

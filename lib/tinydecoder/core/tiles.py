@@ -16,7 +16,11 @@ bring x[m:m+16, k] (the rows are packed so that these 16 numbers lie together), 
 bring w[n:n+6, k], and 12 fused multiply-adds follow: 8 loads feed 96 multiply-adds, and no sum
 needs a horizontal add. The weights are read where they lie (out-major: the 6 rows of a task
 are one contiguous block of memory, read front to back), and while a task computes, it asks the
-memory for the next task's block (a prefetch), so the read overlaps the arithmetic. The rows are
+memory for the next task's block (a prefetch), so the read overlaps the arithmetic. Where a
+task takes one block of rows (at most 16 rows: a decode step's 5-8, a batch's step), its
+weights are used once, and the prefetch brings the next task's into L2 only (`tile_stream`,
+`tile8`): prefetched into every cache level, 8-row products read SmolLM2's weights at ~0.65x
+the rate of one row's sweeps, into L2 at ~0.9x (tunables.STREAM_PREFETCH). The rows are
 packed in compiled code too (`_pack`, on every core), into one work array that a pass hands
 all its products: no new array and no numpy transpose per product (whole 500- and 100-token
 SmolLM2 prefills, alternating with numpy's packing in one process: 0.94-0.97x the time).
@@ -46,7 +50,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import skinny
+from . import skinny, tunables
 from .skinny import dot_rows
 
 prange = range  # numba.prange once compiled (skinny.compiled)
@@ -138,7 +142,10 @@ def _rows_times_tiles(full, last, x, wt, out, threads):  # pragma: no cover - ru
         for p in range(t * tasks // threads, (t + 1) * tasks // threads):
             n = OUTPUTS * p
             for b in range(blocks):
-                tile(wt, n * wt.shape[1], full, b * K * ROWS, ROWS, K, acc)
+                if blocks + last.shape[0] > 1:
+                    tile(wt, n * wt.shape[1], full, b * K * ROWS, ROWS, K, acc)
+                else:  # the task's weights are used once: the next task's are fetched into L2 only
+                    tile_stream(wt, n * wt.shape[1], full, b * K * ROWS, ROWS, K, acc)
                 m = ROWS * b
                 for j in range(min(ROWS, M - m)):
                     for r in range(OUTPUTS):
@@ -173,16 +180,17 @@ def _fma(builder):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VEC, [_VEC] * 3), "llvm.fma.v8f32")
 
 
-def _prefetch_line(builder, ptr):
-    """Ask the memory for the line holding ptr (read, into every cache level)."""
+def _prefetch_line(builder, ptr, locality: int = 3):
+    """Ask the memory for the line holding ptr, for a read. locality: LLVM's hint, 3 = into every
+    cache level (x86's prefetcht0), 1 = into L2 but not L1 (prefetcht2; tunables.STREAM_PREFETCH)."""
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8P, _I32, _I32, _I32]),
                                         "llvm.prefetch.p0i8")
-    builder.call(fn, [builder.bitcast(ptr, _I8P), ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+    builder.call(fn, [builder.bitcast(ptr, _I8P), ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
 
 
-def _make_tile(outputs: int, rows: int):
+def _make_tile(outputs: int, rows: int, locality: int = 3):
     """The tile intrinsic for `outputs` weight rows x `rows` input rows (a multiple of 8: that many
-    vectors of 8 sums per output)."""
+    vectors of 8 sums per output), prefetching the next task's weights with LLVM's `locality` hint."""
     vectors = rows // 8
 
     @intrinsic
@@ -225,7 +233,7 @@ def _make_tile(outputs: int, rows: int):
             x_k = builder.gep(x_block, [builder.mul(k, step_)])
             xs = [_load_vec(builder, builder.gep(x_k, [const(8 * v)])) for v in range(vectors)]
             # the next task's weight rows (for a product: one block of 6K floats): `outputs` floats of it per k
-            _prefetch_line(builder, builder.gep(ahead, [builder.mul(k, const(outputs))]))
+            _prefetch_line(builder, builder.gep(ahead, [builder.mul(k, const(outputs))]), locality)
             new = []
             for r in range(outputs):
                 w = builder.load(builder.gep(w_rows[r], [k]), align=4)
@@ -252,8 +260,9 @@ def _make_tile(outputs: int, rows: int):
 
 @intrinsic
 def prefetch(typingctx, x, start, count):
-    """Ask the memory for x.flat[start : start + count] (one prefetch per 64-byte line; compiled code
-    only; x C-contiguous float32; a prefetch never faults, so the range may pass the array's end)."""
+    """Ask the memory for x.flat[start : start + count], into L2 (tunables.STREAM_PREFETCH; one
+    prefetch per 64-byte line; compiled code only; x C-contiguous float32; a prefetch never
+    faults, so the range may pass the array's end)."""
     if not (isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
         return None
     sig = types.void(x, start, count)
@@ -263,7 +272,7 @@ def prefetch(typingctx, x, start, count):
         start_, count_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2))
         first = builder.gep(_floats(builder, xa), [start_])
         with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), count_, ir.Constant(_I64, 16), inc=True) as (i, _):
-            _prefetch_line(builder, builder.gep(first, [i]))
+            _prefetch_line(builder, builder.gep(first, [i]), tunables.STREAM_PREFETCH)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -325,7 +334,8 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
     return sig, codegen
 
 
-tile = _make_tile(OUTPUTS, ROWS)  # 6 outputs x 16 rows
-tile8 = _make_tile(OUTPUTS, 8)  # 6 outputs x 8 rows: a last block of 1-8 rows
+tile = _make_tile(OUTPUTS, ROWS)  # 6 outputs x 16 rows, for a task over several blocks of rows (a prefill)
+tile_stream = _make_tile(OUTPUTS, ROWS, tunables.STREAM_PREFETCH)  # ... over one block (16 rows: a batch's step)
+tile8 = _make_tile(OUTPUTS, 8, tunables.STREAM_PREFETCH)  # 6 outputs x 8 rows: a last block of 1-8 rows
 tile1x64 = _make_tile(1, 64)  # 1 output x 64 rows: one_query's weighted values (a row's weights x 64 columns of V)
 tile1x8 = _make_tile(1, 8)  # ... and 8 columns

@@ -62,6 +62,18 @@ SWEEPS_UP_TO_ROWS = 4
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
 SKINNY_MIN_WEIGHTS = 1 << 16
 
+# The prefetches of tiles.py's intrinsics that fetch data used once: the next task's weights in
+# a product whose tasks each take one block of rows (at most 16 rows: a decode step's 5-8, a
+# batch's step), and one_query's keys ahead. LLVM's locality hint 1, into L2 but not L1 (x86's
+# prefetcht2), instead of 3 (prefetcht0, into every level). On the Zen 4 machine of the bench
+# reports (2 vCPUs of an AMD EPYC of family 25 model 17, December 2026), SmolLM2's 121 matrices,
+# nothing in cache, 2 threads, medians of 9, ms: 8 rows in the 8-row tile 24.6-26.2 -> 18.0-18.8
+# (one row's sweeps beside them: 16-17); 16 rows 26.9-27.8 -> 24.0-24.2; one_query's 30 layers
+# at 2,048 positions 6.5-7.2 -> 5.6-5.9. A prefill's tasks each reuse their weights for every
+# block of 16 rows, and there hint 3 stays (with hint 1, 100-token prefills took 164-183 ms
+# against 156-164, 500-token 836-971 against 833-840).
+STREAM_PREFETCH = 1
+
 # `fast.project` without numba (or with C-ordered weights), a weight matrix times M rows. 2-3 rows cost less as 2-3 matrix-vector
 # products (the layer's 1-7 MB matrix is still in cache for the second row) than as one GEMM;
 # 4-7 rows cost ~15-30% less padded with zero rows to 8 (OpenBLAS's 8-row kernel) than as they are.
@@ -82,4 +94,5 @@ MMAP_BYTES = 32 << 20
 
 TABLE = {"SWEEPS_UP_TO_ROWS": SWEEPS_UP_TO_ROWS, "SKINNY_MIN_WEIGHTS": SKINNY_MIN_WEIGHTS, "QUERY_BLOCK": QUERY_BLOCK,
          "ONE_QUERY_GEMM_FROM": ONE_QUERY_GEMM_FROM, "ATTEND_ROWS_UP_TO": ATTEND_ROWS_UP_TO, "GEMV_ROWS": GEMV_ROWS,
-         "PAD_ROWS_TO": PAD_ROWS_TO, "BLAS_SPIN_SECONDS": BLAS_SPIN_SECONDS, "TRIM_BYTES": TRIM_BYTES, "MMAP_BYTES": MMAP_BYTES}
+         "PAD_ROWS_TO": PAD_ROWS_TO, "BLAS_SPIN_SECONDS": BLAS_SPIN_SECONDS, "TRIM_BYTES": TRIM_BYTES, "MMAP_BYTES": MMAP_BYTES,
+         "STREAM_PREFETCH": STREAM_PREFETCH}
