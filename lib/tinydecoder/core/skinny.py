@@ -21,6 +21,14 @@ memory-bound product needs. It computes any number of rows, but beyond a few the
 counts more than the stream: `fast.project` gives more than tunables.SWEEPS_UP_TO_ROWS rows to
 `tiles.py`, whose register tiles feed more multiply-adds per load.
 
+Four rows (when K is a multiple of 8) run in tiles.py's `kdots2x4` instead of the sweeps: a call
+takes two weight rows and the four input rows 8 k at a time, 2 + 4 vector loads feeding 8
+multiply-adds into 8 vectors of partial sums (reduced at the end), while it prefetches the
+weight rows 6 ahead into L2 (without the prefetch it read them at ~0.6x the sweeps' rate).
+Whole SmolLM2 passes over 4 rows, both alternating in one process (December 2026, the Zen 4
+machine of tunables.STREAM_PREFETCH): 0.84-0.90x the sweeps' time at contexts 128 and 512. Two
+rows in 2 x 2 calls took 1.12-1.18x, three rows the same time: they keep the sweeps.
+
 (tunables.py records what was measured.)
 
 It is compiled with numba on first use (cached on disk afterwards). Without numba, or without
@@ -133,7 +141,9 @@ def product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
 OUTPUTS = 4  # outputs per task: their weight rows stay in cache while every input row passes
 prange = range  # numba.prange once compiled (see `compiled`): the loops it marks are split between threads
 _compiled = {}
-INLINE = ("dot_rows", "_dot1", "_dot2", "_dot3", "_dot4")  # small functions compiled into the kernel (`compiled`)
+INLINE = ("dot_rows", "_dot1", "_dot2", "_dot3", "_dot4",  # small functions compiled into the kernel (`compiled`)
+          "tiles.kdots2x4")
+kdots2x4 = None  # tiles' intrinsic, bound by `compiled` (tiles imports numba)
 
 
 def compiled(fn, parallel: bool = True):
@@ -233,10 +243,19 @@ def _kernel():
 def _rows_times_rows(x, wt, out):  # pragma: no cover - runs compiled by numba
     """out[m, n] = x[m] . wt[n] for x [M, K], wt [N, K] (both C-contiguous)."""
     N = wt.shape[0]
-    K = x.shape[1]
-    for p in prange(N // OUTPUTS):  # a task: four outputs (four weight rows), each read front to back
-        for j in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS):
-            dot_rows(x, wt[j], out, j, K)
+    M, K = x.shape
+    if M == 4 and K % 8 == 0 and K > 0:  # 4 rows: tiles.kdots2x4, two outputs x four rows a call
+        for p in prange(N // OUTPUTS):
+            acc = np.empty((2, 8), np.float32)
+            for n in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS, 2):
+                kdots2x4(wt, n * K, x, 0, K, K, acc)
+                for r in range(2):
+                    for m in range(4):
+                        out[m, n + r] = acc[r, m]
+    else:
+        for p in prange(N // OUTPUTS):  # a task: four outputs (four weight rows), each read front to back
+            for j in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS):
+                dot_rows(x, wt[j], out, j, K)
     for j in range(OUTPUTS * (N // OUTPUTS), N):  # the last N % 4 outputs
         dot_rows(x, wt[j], out, j, K)
     return out

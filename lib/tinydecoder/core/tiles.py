@@ -36,7 +36,8 @@ is plain numba: `_rows_times_tiles` gives each thread its share of the outputs, 
 block of 1-8 rows runs in a tile of 8 rows (`tile8`, one vector of sums per output), which does
 half the multiply-adds of a padded 16-row tile (100 rows, one 576 x 3,072 matrix in cache:
 3.1-3.3 ms against 3.4-3.8). Two more intrinsics serve one_query's attention: `dots8` (one row
-against 8 keys, the 8 vectors of partial sums reduced together) and `prefetch`.
+against 8 keys, the 8 vectors of partial sums reduced together) and `prefetch`; `kdots2x4` (two
+weight rows x four input rows, the sums along k in vectors) serves skinny's products for 4 rows.
 
 Measured (tunables.py, SmolLM2's 121 matrices, nothing in cache, 2 threads): 16 rows in 46-48 ms,
 against 71-87 ms for the sweeps it replaced (two weight rows against four input rows, eight
@@ -61,6 +62,7 @@ INLINE = ("dot_rows",)  # compiled into `_rows_times_tiles` (skinny.compiled)
 OUTPUTS = 6  # outputs (weight rows) per tile: one broadcast each per k
 ROWS = 16  # input rows per tile: two vectors of 8 float32
 PREFETCH_TASKS = 1  # while a task computes, fetch the weights of the task this many ahead
+KDOTS_PREFETCH_ROWS = 6  # while the k-vector tiles compute, fetch the weight rows this many ahead
 
 
 def pack_rows(x: np.ndarray, rows: int = ROWS) -> np.ndarray:
@@ -318,6 +320,88 @@ def transpose8(typingctx, x, x_start, x_step, out, out_start, out_step):
     return sig, codegen
 
 
+def _make_kdots(outputs: int, rows: int):
+    """The intrinsic for `outputs` weight rows x `rows` input rows (at most 8) with the sums along
+    k in vectors: skinny's products for a few rows (`skinny._rows_times_rows`)."""
+
+    @intrinsic
+    def kdots_(typingctx, wt, w_start, x, x_start, x_step, K, acc):
+        """acc.flat[8 * r + j] = sum_{k < K} wt.flat[w_start + r * N + k] * x.flat[x_start + j * x_step + k]
+        for r < outputs, j < rows, N = wt.shape[1] (compiled code only; wt 2-D, x and acc [outputs, 8 or
+        more] C-contiguous float32; K a positive multiple of 8). Each of the outputs x rows sums is a
+        vector of 8 partial sums over k: per 8 k, `outputs` + `rows` loads feed outputs x rows
+        multiply-adds, all in registers (2 x 4: 8 sums, 6 loads); at the end each output's vectors
+        are reduced together, as dots8 reduces its eight."""
+        f32 = types.float32
+        if not all(isinstance(a, types.Array) and a.dtype == f32 and a.layout == "C" for a in (wt, x, acc)):
+            return None
+        sig = types.void(wt, w_start, x, x_start, x_step, K, acc)
+
+        def codegen(context, builder, signature, args):
+            wa, xa, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 6))
+            w_start_, x_start_, x_step_, K_ = (context.cast(builder, args[i], signature.args[i], types.intp)
+                                               for i in (1, 3, 4, 5))
+
+            def const(v):
+                return ir.Constant(_I64, v)
+
+            w_stride = cgutils.unpack_tuple(builder, wa.shape)[1]
+            w0 = builder.gep(_floats(builder, wa), [w_start_])
+            w_rows = [builder.gep(w0, [builder.mul(const(r), w_stride)]) for r in range(outputs)]
+            x0 = builder.gep(_floats(builder, xa), [x_start_])
+            x_rows = [builder.gep(x0, [builder.mul(const(j), x_step_)]) for j in range(rows)]
+            ahead = builder.gep(w0, [builder.mul(w_stride, const(KDOTS_PREFETCH_ROWS))])
+            fma = _fma(builder)
+            begin = builder.block
+            loop = builder.append_basic_block("kdots.k")
+            done = builder.append_basic_block("kdots.done")
+            builder.branch(loop)
+            builder.position_at_end(loop)  # for k in range(0, K, 8):
+            k = builder.phi(_I64)
+            sums = [builder.phi(_VEC) for _ in range(outputs * rows)]  # [r][j]
+            # the weight rows KDOTS_PREFETCH_ROWS ahead (contiguous: `outputs` x 8 floats of them per 8 k), into L2
+            _prefetch_line(builder, builder.gep(ahead, [builder.mul(k, const(outputs))]), tunables.STREAM_PREFETCH)
+            ws = [_load_vec(builder, builder.gep(w_rows[r], [k])) for r in range(outputs)]
+            xs = [_load_vec(builder, builder.gep(x_rows[j], [k])) for j in range(rows)]
+            new = [builder.call(fma, [ws[r], xs[j], sums[r * rows + j]]) for r in range(outputs) for j in range(rows)]
+            k_next = builder.add(k, const(8))
+            builder.cbranch(builder.icmp_signed("<", k_next, K_), loop, done)
+            k.add_incoming(const(0), begin)
+            k.add_incoming(k_next, loop)
+            for phi, value in zip(sums, new):
+                phi.add_incoming(ir.Constant(_VEC, None), begin)
+                phi.add_incoming(value, loop)
+
+            builder.position_at_end(done)
+            zero = ir.Constant(_VEC, None)
+            for r in range(outputs):
+                total = _reduce8(builder, new[r * rows:(r + 1) * rows] + [zero] * (8 - rows))
+                builder.store(total, builder.bitcast(builder.gep(_floats(builder, aa), [const(8 * r)]), _VEC.as_pointer()),
+                              align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return kdots_
+
+
+def _reduce8(builder, vectors):
+    """Eight vectors of 8 partial sums -> one vector of their 8 sums (pairwise shuffles and adds:
+    7 adds for 8 sums, instead of a horizontal add for each)."""
+    def shuffle(a, b, lanes):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), [ir.Constant(_I32, i) for i in lanes]))
+
+    new = vectors
+    # pairs: lanes [a0+a1 of row i, of row i+1, a2+a3 of row i, of row i+1, ...]
+    pairs = [builder.fadd(shuffle(new[i], new[i + 1], [0, 8, 2, 10, 4, 12, 6, 14]),
+                          shuffle(new[i], new[i + 1], [1, 9, 3, 11, 5, 13, 7, 15])) for i in range(0, 8, 2)]
+    # quads: lanes [rows i..i+3: sums of lanes 0-3, then rows i..i+3: sums of lanes 4-7]
+    quads = [builder.fadd(shuffle(pairs[i], pairs[i + 1], [0, 1, 8, 9, 4, 5, 12, 13]),
+                          shuffle(pairs[i], pairs[i + 1], [2, 3, 10, 11, 6, 7, 14, 15])) for i in (0, 2)]
+    return builder.fadd(shuffle(quads[0], quads[1], [0, 1, 2, 3, 8, 9, 10, 11]),
+                        shuffle(quads[0], quads[1], [4, 5, 6, 7, 12, 13, 14, 15]))
+
+
 @intrinsic
 def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
     """out.flat[out_start + i] = sum_{c < d} x.flat[x_start + i * x_step + c] * q.flat[q_start + c]
@@ -334,9 +418,6 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
         xa, qa, oa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3, 6))
         x_start_, x_step_, q_start_, d_, out_start_ = (
             context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4, 5, 7))
-
-        def shuffle(a, b, lanes):
-            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), [ir.Constant(_I32, i) for i in lanes]))
 
         x0 = builder.gep(_floats(builder, xa), [x_start_])
         x_rows = [builder.gep(x0, [builder.mul(x_step_, ir.Constant(_I64, i))]) for i in range(8)]
@@ -360,14 +441,7 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
             phi.add_incoming(value, loop)
 
         builder.position_at_end(done)
-        # pairs: lanes [a0+a1 of row i, of row i+1, a2+a3 of row i, of row i+1, ...]
-        pairs = [builder.fadd(shuffle(new[i], new[i + 1], [0, 8, 2, 10, 4, 12, 6, 14]),
-                              shuffle(new[i], new[i + 1], [1, 9, 3, 11, 5, 13, 7, 15])) for i in range(0, 8, 2)]
-        # quads: lanes [rows i..i+3: sums of lanes 0-3, then rows i..i+3: sums of lanes 4-7]
-        quads = [builder.fadd(shuffle(pairs[i], pairs[i + 1], [0, 1, 8, 9, 4, 5, 12, 13]),
-                              shuffle(pairs[i], pairs[i + 1], [2, 3, 10, 11, 6, 7, 14, 15])) for i in (0, 2)]
-        total = builder.fadd(shuffle(quads[0], quads[1], [0, 1, 2, 3, 8, 9, 10, 11]),
-                             shuffle(quads[0], quads[1], [4, 5, 6, 7, 12, 13, 14, 15]))
+        total = _reduce8(builder, new)
         builder.store(total, builder.bitcast(builder.gep(_floats(builder, oa), [out_start_]), _VEC.as_pointer()), align=4)
         return context.get_dummy_value()
 
@@ -379,3 +453,4 @@ tile_stream = _make_tile(OUTPUTS, ROWS, tunables.STREAM_PREFETCH)  # ... over on
 tile8 = _make_tile(OUTPUTS, 8, tunables.STREAM_PREFETCH)  # 6 outputs x 8 rows: a last block of 1-8 rows
 tile1x64 = _make_tile(1, 64)  # 1 output x 64 rows: one_query's weighted values (a row's weights x 64 columns of V)
 tile1x8 = _make_tile(1, 8)  # ... and 8 columns
+kdots2x4 = _make_kdots(2, 4)  # 2 outputs x 4 rows, sums along k: skinny's products for 4 rows

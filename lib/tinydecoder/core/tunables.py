@@ -56,7 +56,8 @@ ATTEND_ROWS_UP_TO = 8
 # Once a few rows' blocks ran as one compiled call (core/fused.py), whole SmolLM2 passes of one
 # sequence, medians of 20 alternating passes, tiles' time / the sweeps', at contexts 128 and 512,
 # three runs: 3 rows 1.11 / 1.06, 1.13 / 1.01, 0.99 / 1.06; 4 rows 1.12 / 0.95, 0.98 / 0.99,
-# 0.94 / 0.93; 5 rows 0.92 / 0.87, 0.86 / 0.84, 0.98 / 0.85: sweeps up to 4.
+# 0.94 / 0.93; 5 rows 0.92 / 0.87, 0.86 / 0.84, 0.98 / 0.85: sweeps up to 4. (4 rows later moved from
+# the sweeps to skinny's k-vector tiles, kdots2x4: skinny.py has the measurements.)
 SWEEPS_UP_TO_ROWS = 4
 # ... and only for a weight matrix of at least this many numbers: a toy model's tiny matrices are
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
