@@ -16,7 +16,7 @@ computed together, so each key or value row is loaded once for all of them. The 
 by positions: a task walks a contiguous block of the cache in memory order, with its own
 softmax (its max, its sum of exponentials, its weighted values), and the blocks are merged at
 the end as flash-decoding merges its splits (notebook 12). TASKS_PER_THREAD tasks per numba
-thread. Inside a task, both products run in tiles.py's intrinsics: the scores eight keys at a
+thread. Inside a task, both products run in intrinsics.py's loops: the scores eight keys at a
 time per query row (`dots8`: eight dot products reduced together, instead of a horizontal add
 for each), the weighted values one row's weights x 64 columns of V in registers (`tile1x64`).
 The softmax's exponentials are `vexp.exp_le0`, which LLVM vectorises. Same numbers as
@@ -40,9 +40,10 @@ from . import skinny
 from .skinny import dot_rows
 
 prange = range  # numba.prange once compiled (skinny.compiled)
+# compiled into the kernels (skinny.compiled)
 INLINE = ("dot_rows", "_block_scores", "_block_softmax", "_block_values", "_merge", "vexp.exp_le0",
-          "tiles.tile1x64", "tiles.tile1x8", "tiles.dots8", "tiles.prefetch")  # compiled into the kernels (skinny.compiled)
-tile1x64 = tile1x8 = dots8 = prefetch = None  # tiles' intrinsics, bound by skinny.compiled (tiles imports numba)
+          "intrinsics.tile1x64", "intrinsics.tile1x8", "intrinsics.dots8", "intrinsics.prefetch")
+tile1x64 = tile1x8 = dots8 = prefetch = None  # intrinsics.py's, bound by skinny.compiled (it imports numba)
 exp_le0 = None  # vexp.exp_le0, a vectorisable exp(x <= 0), bound by skinny.compiled (vexp imports numba)
 CHUNK = 64  # positions whose values are weighed together (their V, 48 KB for SmolLM2, stays in cache)
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
@@ -129,7 +130,7 @@ def _attend_rows(q, k, v, T, S, merge, out):  # pragma: no cover - runs compiled
 
 def _block_scores(q, k, a, b, scores):  # pragma: no cover - runs compiled by numba
     """scores[j, t - a] = q[j] . k[t, h] for positions a .. b-1, rows h*G .. h*G + G - 1 against KV
-    head h. Eight positions at a time (when d is a multiple of 8): tiles.dots8 takes one row
+    head h. Eight positions at a time (when d is a multiple of 8): intrinsics.dots8 takes one row
     against the 8 keys of a head, for each row of that head in turn, so the block of keys is read
     from memory once, in memory order (a position's KV heads lie side by side), and from cache for
     the other rows; the positions left (or every position, when d is not a multiple of 8): one

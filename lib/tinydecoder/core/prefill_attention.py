@@ -17,7 +17,7 @@ are the "weights", the rows' q packed as tiles.pack_rows packs rows), and 6 outp
 P is stored [t, 16], already the packed layout the tile reads). The softmax runs down the 16
 columns of P at once (`vexp.exp_le0`). The same compiled call first lays these operands out
 from q, k and v as they lie (no numpy copies; the rows and V transposed 8 x 8 numbers at a
-time in registers, tiles.transpose8), the score tile stores its sums straight into P, and
+time in registers, intrinsics.transpose8), the score tile stores its sums straight into P, and
 each row's output is written where the pass reads it. Same numbers as `ops.attention` up to
 float32 rounding (tests bound it).
 
@@ -34,7 +34,8 @@ import math
 import numpy as np
 
 from . import skinny
-from .tiles import OUTPUTS, ROWS, tile, transpose8
+from .intrinsics import transpose8
+from .tiles import OUTPUTS, ROWS, tile
 
 prange = range  # numba.prange once compiled (skinny.compiled)
 # compiled into `_attend_tasks` (skinny.compiled)

@@ -21,7 +21,7 @@ memory-bound product needs. It computes any number of rows, but beyond a few the
 counts more than the stream: `fast.project` gives more than tunables.SWEEPS_UP_TO_ROWS rows to
 `tiles.py`, whose register tiles feed more multiply-adds per load.
 
-Four rows (when K is a multiple of 8) run in tiles.py's `kdots2x4` instead of the sweeps: a call
+Four rows (when K is a multiple of 8) run in intrinsics.py's `kdots2x4` instead of the sweeps: a call
 takes two weight rows and the four input rows 8 k at a time, 2 + 4 vector loads feeding 8
 multiply-adds into 8 vectors of partial sums (reduced at the end), while it prefetches the
 weight rows 6 ahead into L2 (without the prefetch it read them at ~0.6x the sweeps' rate).
@@ -142,8 +142,8 @@ OUTPUTS = 4  # outputs per task: their weight rows stay in cache while every inp
 prange = range  # numba.prange once compiled (see `compiled`): the loops it marks are split between threads
 _compiled = {}
 INLINE = ("dot_rows", "_dot1", "_dot2", "_dot3", "_dot4",  # small functions compiled into the kernel (`compiled`)
-          "tiles.kdots2x4")
-kdots2x4 = None  # tiles' intrinsic, bound by `compiled` (tiles imports numba)
+          "intrinsics.kdots2x4")
+kdots2x4 = None  # intrinsics.py's, bound by `compiled` (it imports numba)
 
 
 def compiled(fn, parallel: bool = True):
@@ -190,7 +190,7 @@ def _bind(names: dict) -> None:
     `prange`, each helper named in its INLINE compiled to be inlined (a helper imported from
     another module is compiled there, with that module's own helpers; "module.name" names one of a
     module of this package that imports numba itself, imported now, as `vexp.exp_le0` or the
-    intrinsic `tiles.tile1x64`), and each "module.name" of its CALLS ({name: parallel}) bound to
+    intrinsic `intrinsics.tile1x64`), and each "module.name" of its CALLS ({name: parallel}) bound to
     that function's own dispatcher, called rather than inlined by numba (a kernel that runs other
     kernels in turn, as `fused._layer_rows` runs the products; a parallel one keeps its threads).
     A function is compiled one way only (see `compiled`): CALLS says the way its own module does."""
@@ -244,7 +244,7 @@ def _rows_times_rows(x, wt, out):  # pragma: no cover - runs compiled by numba
     """out[m, n] = x[m] . wt[n] for x [M, K], wt [N, K] (both C-contiguous)."""
     N = wt.shape[0]
     M, K = x.shape
-    if M == 4 and K % 8 == 0 and K > 0:  # 4 rows: tiles.kdots2x4, two outputs x four rows a call
+    if M == 4 and K % 8 == 0 and K > 0:  # 4 rows: intrinsics.kdots2x4, two outputs x four rows a call
         for p in prange(N // OUTPUTS):
             acc = np.empty((2, 8), np.float32)
             for n in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS, 2):

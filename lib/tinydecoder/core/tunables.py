@@ -63,7 +63,7 @@ SWEEPS_UP_TO_ROWS = 4
 # faster in one BLAS call than in numba's threads (and a toy notebook then never imports numba).
 SKINNY_MIN_WEIGHTS = 1 << 16
 
-# The prefetches of tiles.py's intrinsics that fetch data used once: the next task's weights in
+# The prefetches of intrinsics.py's loops that fetch data used once: the next task's weights in
 # a product whose tasks each take one block of rows (at most 16 rows: a decode step's 5-8, a
 # batch's step), and one_query's keys ahead. LLVM's locality hint 1, into L2 but not L1 (x86's
 # prefetcht2), instead of 3 (prefetcht0, into every level). On the Zen 4 machine of the bench
