@@ -54,6 +54,34 @@ def _prefetch_line(builder, ptr, locality: int = 3):
     builder.call(fn, [builder.bitcast(ptr, _I8P), ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
 
 
+def _open_loop(builder, name: str, n_sums: int):
+    """Start a loop over a counter from 0 with n_sums vectors of sums from zero: -> (loop, its
+    counter, the sums' phis); the builder is then inside the loop's block. `_close_loop` ends it."""
+    begin = builder.block
+    loop = builder.append_basic_block(f"{name}.loop")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    counter = builder.phi(_I64)
+    counter.add_incoming(ir.Constant(_I64, 0), begin)
+    sums = [builder.phi(_VEC) for _ in range(n_sums)]
+    for phi in sums:
+        phi.add_incoming(ir.Constant(_VEC, None), begin)
+    return loop, counter, sums
+
+
+def _close_loop(builder, loop, counter, step: int, stop, sums, new) -> None:
+    """End `_open_loop`'s loop: counter += step and the sums become `new`, back to the loop while
+    counter < stop; the builder is then after the loop."""
+    latch = builder.block
+    done = builder.append_basic_block(f"{loop.name}.done")
+    counter_next = builder.add(counter, ir.Constant(_I64, step))
+    builder.cbranch(builder.icmp_signed("<", counter_next, stop), loop, done)
+    counter.add_incoming(counter_next, latch)
+    for phi, value in zip(sums, new):
+        phi.add_incoming(value, latch)
+    builder.position_at_end(done)
+
+
 def make_tile(outputs: int, rows: int, locality: int = 3):
     """The tile intrinsic for `outputs` weight rows x `rows` input rows (a multiple of 8: that many
     vectors of 8 sums per output), prefetching the next task's weights with LLVM's `locality` hint."""
@@ -89,13 +117,8 @@ def make_tile(outputs: int, rows: int, locality: int = 3):
             undef = ir.Constant(_VEC, ir.Undefined)
             broadcast = ir.Constant(ir.VectorType(_I32, 8), None)  # shuffle mask of zeros: lane 0 everywhere
 
-            begin = builder.block
-            loop = builder.append_basic_block("tile.k")
-            done = builder.append_basic_block("tile.done")
-            builder.branch(loop)
-            builder.position_at_end(loop)  # for k in range(K):
-            k = builder.phi(_I64)
-            sums = [builder.phi(_VEC) for _ in range(vectors * outputs)]  # [r][vector]: rows 0-7, 8-15, ...
+            # for k in range(K); sums [r][vector]: rows 0-7, 8-15, ...
+            loop, k, sums = _open_loop(builder, "tile", vectors * outputs)
             x_k = builder.gep(x_block, [builder.mul(k, step_)])
             xs = [_load_vec(builder, builder.gep(x_k, [const(8 * v)])) for v in range(vectors)]
             # the next task's weight rows (for a product: one block of 6K floats): `outputs` floats of it per k
@@ -105,15 +128,8 @@ def make_tile(outputs: int, rows: int, locality: int = 3):
                 w = builder.load(builder.gep(w_rows[r], [k]), align=4)
                 w8 = builder.shuffle_vector(builder.insert_element(undef, w, ir.Constant(_I32, 0)), undef, broadcast)
                 new += [builder.call(fma, [w8, xs[v], sums[vectors * r + v]]) for v in range(vectors)]
-            k_next = builder.add(k, const(1))
-            builder.cbranch(builder.icmp_signed("<", k_next, K), loop, done)
-            k.add_incoming(const(0), begin)
-            k.add_incoming(k_next, loop)
-            for phi, value in zip(sums, new):
-                phi.add_incoming(ir.Constant(_VEC, None), begin)
-                phi.add_incoming(value, loop)
-
-            builder.position_at_end(done)  # acc[r, 8v:8v+8] = the sums of vector v
+            _close_loop(builder, loop, k, 1, K, sums, new)
+            # acc[r, 8v:8v+8] = the sums of vector v
             for i, value in enumerate(new):
                 builder.store(value, builder.bitcast(builder.gep(_floats(builder, aa), [const(8 * i)]), _VEC.as_pointer()),
                               align=4)
@@ -212,27 +228,13 @@ def make_kdots(outputs: int, rows: int):
             x_rows = [builder.gep(x0, [builder.mul(const(j), x_step_)]) for j in range(rows)]
             ahead = builder.gep(w0, [builder.mul(w_stride, const(KDOTS_PREFETCH_ROWS))])
             fma = _fma(builder)
-            begin = builder.block
-            loop = builder.append_basic_block("kdots.k")
-            done = builder.append_basic_block("kdots.done")
-            builder.branch(loop)
-            builder.position_at_end(loop)  # for k in range(0, K, 8):
-            k = builder.phi(_I64)
-            sums = [builder.phi(_VEC) for _ in range(outputs * rows)]  # [r][j]
+            loop, k, sums = _open_loop(builder, "kdots", outputs * rows)  # for k in range(0, K, 8); sums [r][j]
             # the weight rows KDOTS_PREFETCH_ROWS ahead (contiguous: `outputs` x 8 floats of them per 8 k), into L2
             _prefetch_line(builder, builder.gep(ahead, [builder.mul(k, const(outputs))]), tunables.STREAM_PREFETCH)
             ws = [_load_vec(builder, builder.gep(w_rows[r], [k])) for r in range(outputs)]
             xs = [_load_vec(builder, builder.gep(x_rows[j], [k])) for j in range(rows)]
             new = [builder.call(fma, [ws[r], xs[j], sums[r * rows + j]]) for r in range(outputs) for j in range(rows)]
-            k_next = builder.add(k, const(8))
-            builder.cbranch(builder.icmp_signed("<", k_next, K_), loop, done)
-            k.add_incoming(const(0), begin)
-            k.add_incoming(k_next, loop)
-            for phi, value in zip(sums, new):
-                phi.add_incoming(ir.Constant(_VEC, None), begin)
-                phi.add_incoming(value, loop)
-
-            builder.position_at_end(done)
+            _close_loop(builder, loop, k, 8, K_, sums, new)
             zero = ir.Constant(_VEC, None)
             for r in range(outputs):
                 total = _reduce8(builder, new[r * rows:(r + 1) * rows] + [zero] * (8 - rows))
@@ -283,24 +285,10 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
         x_rows = [builder.gep(x0, [builder.mul(x_step_, ir.Constant(_I64, i))]) for i in range(8)]
         q0 = builder.gep(_floats(builder, qa), [q_start_])
         fma = _fma(builder)
-        begin = builder.block
-        loop = builder.append_basic_block("dots8.c")
-        done = builder.append_basic_block("dots8.done")
-        builder.branch(loop)
-        builder.position_at_end(loop)  # for c in range(0, d, 8):
-        c = builder.phi(_I64)
-        sums = [builder.phi(_VEC) for _ in range(8)]
+        loop, c, sums = _open_loop(builder, "dots8", 8)  # for c in range(0, d, 8)
         qv = _load_vec(builder, builder.gep(q0, [c]))
         new = [builder.call(fma, [_load_vec(builder, builder.gep(x_rows[i], [c])), qv, sums[i]]) for i in range(8)]
-        c_next = builder.add(c, ir.Constant(_I64, 8))
-        builder.cbranch(builder.icmp_signed("<", c_next, d_), loop, done)
-        c.add_incoming(ir.Constant(_I64, 0), begin)
-        c.add_incoming(c_next, loop)
-        for phi, value in zip(sums, new):
-            phi.add_incoming(ir.Constant(_VEC, None), begin)
-            phi.add_incoming(value, loop)
-
-        builder.position_at_end(done)
+        _close_loop(builder, loop, c, 8, d_, sums, new)
         total = _reduce8(builder, new)
         builder.store(total, builder.bitcast(builder.gep(_floats(builder, oa), [out_start_]), _VEC.as_pointer()), align=4)
         return context.get_dummy_value()
