@@ -139,6 +139,7 @@ def product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 OUTPUTS = 4  # outputs per task: their weight rows stay in cache while every input row passes
+PIECES = 16  # 4 rows: the tasks run in this many contiguous runs, each allocating its sums once
 prange = range  # numba.prange once compiled (see `compiled`): the loops it marks are split between threads
 _compiled = {}
 INLINE = ("dot_rows", "_dot1", "_dot2", "_dot3", "_dot4",  # small functions compiled into the kernel (`compiled`)
@@ -244,14 +245,17 @@ def _rows_times_rows(x, wt, out):  # pragma: no cover - runs compiled by numba
     """out[m, n] = x[m] . wt[n] for x [M, K], wt [N, K] (both C-contiguous)."""
     N = wt.shape[0]
     M, K = x.shape
+    tasks = N // OUTPUTS
     if M == 4 and K % 8 == 0 and K > 0:  # 4 rows: intrinsics.kdots2x4, two outputs x four rows a call
-        for p in prange(N // OUTPUTS):
+        pieces = min(tasks, PIECES)
+        for piece in prange(pieces):  # contiguous runs of tasks, each with its own sums
             acc = np.empty((2, 8), np.float32)
-            for n in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS, 2):
-                kdots2x4(wt, n * K, x, 0, K, K, acc)
-                for r in range(2):
-                    for m in range(4):
-                        out[m, n + r] = acc[r, m]
+            for p in range(piece * tasks // pieces, (piece + 1) * tasks // pieces):
+                for n in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS, 2):
+                    kdots2x4(wt, n * K, x, 0, K, K, acc)
+                    for r in range(2):
+                        for m in range(4):
+                            out[m, n + r] = acc[r, m]
     else:
         for p in prange(N // OUTPUTS):  # a task: four outputs (four weight rows), each read front to back
             for j in range(OUTPUTS * p, OUTPUTS * p + OUTPUTS):
