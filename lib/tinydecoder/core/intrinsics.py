@@ -54,6 +54,15 @@ def _prefetch_line(builder, ptr, locality: int = 3):
     builder.call(fn, [builder.bitcast(ptr, _I8P), ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
 
 
+def _shuffler(builder):
+    """shuffle(a, b, lanes): lane i of the result is lane lanes[i] of a and b side by side (0-7: a,
+    8-15: b), as LLVM's shufflevector takes it."""
+    def shuffle(a, b, lanes):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), [ir.Constant(_I32, i) for i in lanes]))
+
+    return shuffle
+
+
 def _open_loop(builder, name: str, n_sums: int):
     """Start a loop over a counter from 0 with n_sums vectors of sums from zero: -> (loop, its
     counter, the sums' phis); the builder is then inside the loop's block. `_close_loop` ends it."""
@@ -175,9 +184,7 @@ def transpose8(typingctx, x, x_start, x_step, out, out_start, out_step):
         x_start_, x_step_, out_start_, out_step_ = (
             context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4, 5))
 
-        def shuffle(a, b, lanes):
-            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), [ir.Constant(_I32, i) for i in lanes]))
-
+        shuffle = _shuffler(builder)
         x0 = builder.gep(_floats(builder, xa), [x_start_])
         r = [_load_vec(builder, builder.gep(x0, [builder.mul(x_step_, ir.Constant(_I64, i))])) for i in range(8)]
         # rows a..h: t = [a0 b0 a1 b1 | a4 b4 a5 b5], [a2 b2 a3 b3 | a6 b6 a7 b7], then c, d; e, f; g, h
@@ -250,9 +257,7 @@ def make_kdots(outputs: int, rows: int):
 def _reduce8(builder, vectors):
     """Eight vectors of 8 partial sums -> one vector of their 8 sums (pairwise shuffles and adds:
     7 adds for 8 sums, instead of a horizontal add for each)."""
-    def shuffle(a, b, lanes):
-        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, 8), [ir.Constant(_I32, i) for i in lanes]))
-
+    shuffle = _shuffler(builder)
     new = vectors
     # pairs: lanes [a0+a1 of row i, of row i+1, a2+a3 of row i, of row i+1, ...]
     pairs = [builder.fadd(shuffle(new[i], new[i + 1], [0, 8, 2, 10, 4, 12, 6, 14]),
