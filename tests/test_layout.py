@@ -1,8 +1,8 @@
 """The package's shape, checked: sub-packages in layers whose imports point one way only, no
 import cycles, no module past ~400 lines.
 
-    core  <-  decoding  <-  algorithms  <-  checkpoint, serving  <-  lessons  <-  viz  <-  widgets  <-  server, parallel
-    <-  cli (and the package root)
+    core  <-  fast  <-  decoding  <-  algorithms  <-  checkpoint, serving  <-  perf  <-  lessons  <-  viz  <-  widgets
+    <-  server, parallel  <-  course  <-  cli (and the package root)
 
 A module may import from its own sub-package or from a lower layer; checkpoint and serving
 (one layer) do not import each other. Imports inside functions count too, and so do imports
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lib" / "tinydecoder"
-LAYERS = {"core": 0, "decoding": 1, "algorithms": 2, "checkpoint": 3, "serving": 3, "lessons": 4, "viz": 5, "widgets": 6,
-          "server": 7, "parallel": 7, "": 8}
+LAYERS = {"core": 0, "fast": 1, "decoding": 2, "algorithms": 3, "checkpoint": 4, "serving": 4, "perf": 5, "lessons": 6,
+          "viz": 7, "widgets": 8, "server": 9, "parallel": 9, "course": 10, "": 11}
 MAX_LINES = 400
 
 
@@ -121,3 +121,24 @@ def test_the_checker_sees_a_bad_import(tmp_path):
                      "def f():\n    from ..serving import paged\n    from . import ops\n")
     found = imported_modules(probe, own="tinydecoder.core._layout_probe")
     assert found == {"tinydecoder.widgets.base", "tinydecoder.serving.paged", "tinydecoder.core.ops"}
+
+
+CORE = sorted((PACKAGE / "core").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", CORE, ids=[module_name(p) for p in CORE])
+def test_core_is_the_reference_alone(path):
+    """core/ reads like the math: it imports only from core itself, and nothing compiled (numba,
+    llvmlite); the fast path's kernels live in fast/, which imports core, never the other way."""
+    inside = {m for m in imported_modules(path) if not m.startswith("tinydecoder.core")}
+    assert not inside, f"{module_name(path)} imports {sorted(inside)} from outside core"
+    tree = ast.parse(path.read_text())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+    assert not roots & {"numba", "llvmlite"}, f"{module_name(path)} imports {sorted(roots & {'numba', 'llvmlite'})}"
+
+
+def test_the_fast_path_has_its_compiled_room():
+    """The numba kernels sit in fast/compiled/, each named for what it computes, beside the JIT."""
+    names = {p.stem for p in (PACKAGE / "fast" / "compiled").glob("*.py")}
+    assert {"jit", "few_rows", "tiles", "few_queries", "prefill_attention", "vexp", "llvm"} <= names

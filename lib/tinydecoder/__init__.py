@@ -1,24 +1,28 @@
 """tinydecoder: a small numpy decoder for learning how an LLM executes a request.
 
 Sub-packages, each importing only from those before it:
-    core        the decoder itself: config, model (the weights as data), validate, ops, reference (the
-                forward pass as the math reads), fast (the same numbers, faster), caches, toy, trace
+    core        the decoder as the math reads: config, model (the weights as data), validate, ops, reference
+                (the forward pass), caches, RoPE's layouts, toy, trace; it imports nothing compiled
+    fast        the same numbers, faster: the forward pass in fewer calls, batched caches, fused blocks,
+                and compiled/ (the numba kernels)
     decoding    strategies on top of a forward pass: generate, sampling, processors, beam, speculative, grammar
     algorithms  Part II's algorithms: flash attention, quantized KV cache, attention-sink cache
     checkpoint  a real model from its GGUF file: config, weights, tokenizer, SmolLM2
-    serving     many requests: KV capacity, the paged cache, chunked prefill, scheduling, benchmarks
-    lessons     helpers only the notebooks need (heads, phases, bugs, exercises, the RoPE lab)
+    serving     many requests: KV capacity, the paged cache, chunked prefill, scheduling, the engine
+    perf        speed: the benchmark, its targets, this machine's roofs and timers
+    lessons     helpers only the notebooks need (heads, phases, bugs, the RoPE lab, ...)
     viz, widgets  figures and interactive widgets for the notebooks
+    server, parallel  an OpenAI-compatible HTTP server; MPI ranks (nothing else imports them)
+    course      the exercises: check, the "implement it" cases, grading
 """
+from . import fast
 from .algorithms.flash import flash_attention, merge_partials
 from .algorithms.kv_quant import QuantizedKVCache
 from .algorithms.sink_cache import SinkCache
 from .checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
-from .core import fast, reference
+from .core import reference
 from .core.cache import KVCache
 from .core.config import Config
-from .core.fast import forward as forward_fast
-from .core.fast import forward_batch
 from .core.kernels import Kernels
 from .core.model import LayerWeights, Model
 from .core.ops import apply_rope, attention, causal_mask, repeat_kv, rmsnorm, rope_angles, silu, softmax, swiglu
@@ -33,6 +37,8 @@ from .decoding.grammar import JsonSchema, Lark, Regex
 from .decoding.processors import FrequencyPenalty, LogitBias, MaxLength, MinP, PresencePenalty, RepetitionPenalty, StopSequences
 from .decoding.sampling import greedy
 from .decoding.speculative import speculative_generate
+from .fast import forward as forward_fast
+from .fast import forward_batch
 
 __all__ = [
     "Config", "Kernels", "KVCache", "QuantizedKVCache", "SinkCache", "LayerWeights", "Model", "Trace", "Event", "Generation",

@@ -38,7 +38,7 @@ def cmd_seed(args) -> int:
 
 def load_bench_model(name: str):
     """The model `bench --model NAME` measures: "toy" (seed shapes, float32) or "smollm2"."""
-    from .serving.bench import toy_bench_model
+    from .perf.bench import toy_bench_model
 
     if name == "toy":
         return toy_bench_model()
@@ -50,12 +50,12 @@ def load_bench_model(name: str):
 
 
 def cmd_bench(args) -> int:
-    from .serving.bench import format_report, run_bench
+    from .perf.bench import format_report, run_bench
 
     prompts, stops = None, ()
     if args.model == "smollm2" and args.path == "fast":  # speculative decoding needs text: notebook 15's prompts
         from .checkpoint.smollm2 import IM_END_ID, smollm2_tokenizer
-        from .serving.bench_rows import speculative_prompts
+        from .perf.bench_rows import speculative_prompts
 
         prompts, stops = speculative_prompts(smollm2_tokenizer()), (IM_END_ID,)
     result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path, prompts=prompts,
@@ -291,12 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)
     add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API "
                                        "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"))
-    from .lessons.grading import add_grade_parser  # issue 22: python -m tinydecoder grade
+    from .course.grading import add_grade_parser  # issue 22: python -m tinydecoder grade
     add_grade_parser(sub)
     return parser
 
 
-MALLOC_NOTE = "malloc keeps freed memory for reuse (this process only; serving.machine.keep_freed_memory)"
+MALLOC_NOTE = "malloc keeps freed memory for reuse (this process only; perf.machine.keep_freed_memory)"
 
 
 def keep_freed_memory_for(args) -> bool:
@@ -304,7 +304,7 @@ def keep_freed_memory_for(args) -> bool:
     temporaries are then not page-faulted back in every layer); their output says so (bench's
     report, and `malloc_keeps_freed_memory` in --json). True if it was set."""
     if args.command in ("bench", "generate") and getattr(args, "model", None) == "smollm2":
-        from .serving.machine import keep_freed_memory
+        from .perf.machine import keep_freed_memory
 
         return keep_freed_memory()
     return False

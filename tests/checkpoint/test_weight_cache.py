@@ -72,7 +72,7 @@ def test_wrong_shape_npy_is_rebuilt(cached, tiny_file, tmp_path, reference, caps
 
 def test_every_matrix_is_stored_out_major(cached, tiny_file, tmp_path):
     """Each output's weights lie together (Fortran order of the [in, out] shape, the GGUF's own
-    byte order), as core.skinny reads them; the norms are vectors; the loaded model's weights,
+    byte order), as fast.compiled.few_rows reads them; the norms are vectors; the loaded model's weights,
     its embedding rows and its tied head keep that order (no copy on load)."""
     for name, shape in [("blk.0.ffn_down", (CFG.d_ff, CFG.d_model)), ("blk.1.attn_qkv", None),
                         ("blk.1.attn_output", None), ("blk.0.ffn_gate_up", (CFG.d_model, 2 * CFG.d_ff)),

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinydecoder as td
-from tinydecoder.core import fast
+from tinydecoder import fast
 from tinydecoder.core.toy import random_model
 
 CFG = td.Config(vocab_size=50, d_model=24, n_heads=6, n_kv_heads=2, head_dim=8, n_layers=2, d_ff=40,

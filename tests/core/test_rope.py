@@ -245,7 +245,8 @@ def test_unknown_bug_and_non_rope_model():
 def test_the_fast_paths_two_rotations_equal_apply_rope(layout, d):
     """core.rope's `rotate` (numpy, on a view) and `rotate_heads` (numba, in place, the first
     `heads` heads of each row only) against ops.apply_rope in float64."""
-    from tinydecoder.core import rope, skinny
+    from tinydecoder.fast import rope_tables as rope
+    from tinydecoder.fast.compiled import jit
 
     cfg = Config(vocab_size=11, d_model=16, n_heads=3, n_kv_heads=1, head_dim=d, n_layers=1, d_ff=8,
                  max_context=4096, rope_layout=layout)
@@ -257,7 +258,7 @@ def test_the_fast_paths_two_rotations_equal_apply_rope(layout, d):
     tables = rope.rope_tables(cfg, positions, np.float32)
     got = rope.rotate(qkv[:, :4 * d].reshape(4, 4, d), tables, layout).reshape(4, -1)
     np.testing.assert_allclose(got, want[:, :4 * d], rtol=0, atol=2e-6 * np.abs(want).max())
-    if skinny.available():
+    if jit.available():
         assert rope.rotates_heads(qkv, tables) and not rope.rotates_heads(qkv[:, 1:], tables)
         before = qkv.copy()
         assert rope.rotate_heads(qkv, 4, tables, layout) is qkv

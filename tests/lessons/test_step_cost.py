@@ -42,7 +42,7 @@ def test_bad_costs():
 
 
 def test_measure_runs_on_a_small_model():
-    from tinydecoder.serving.bench import toy_bench_model
+    from tinydecoder.perf.bench import toy_bench_model
 
     cost = measure_step_seconds(toy_bench_model(), rows=(1, 2), context=8, repeat=1)
     assert sorted(cost) == [1, 2] and all(v > 0 for v in cost.values())

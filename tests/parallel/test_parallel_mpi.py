@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.lessons.exercises import within_rounding
+from tinydecoder.course.exercises import within_rounding
 from tinydecoder.parallel.launch import RankError, RankTimeout, mpi_missing_reason, run_ranks
 from tinydecoder.parallel.tp import expected_traffic, resolve_model
 

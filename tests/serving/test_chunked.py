@@ -139,7 +139,7 @@ def test_chunked_into_a_paged_sequence_after_a_prefix_hit(prompt, block_size, ch
 
 def test_each_chunk_reads_every_weight_and_the_kv_before_it():
     """Bytes per chunk, by hand: weights once per call, plus K/V of b positions of every layer."""
-    from tinydecoder.serving.bench import decode_step_bytes
+    from tinydecoder.perf.bench import decode_step_bytes
     from tinydecoder.serving.chunked import chunk_bytes
 
     model = TOY

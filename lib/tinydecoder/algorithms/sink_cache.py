@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from ..core.cache import HeldBytes, check_made_for, common_length
 from ..core.config import Config
-from ..core.rope import rope_tables, rotate
 from ..core.validate import check_token_ids
+from ..fast.rope_tables import rope_tables, rotate
 
 
 def _count(value, name: str, minimum: int) -> int:

@@ -3,11 +3,11 @@
 Orientation. A GGUF matrix comes out of `gguf` as (out, in), one row per output feature;
 tinydecoder computes x @ w with w of shape [in, out]. Every matrix keeps that [in, out] shape and
 the file's memory order: Fortran order, "out-major", the in-weights of each output lying together.
-That is the order the fast path's few-rows kernel (`core.skinny`, with numba) reads: a decode
+That is the order the fast path's few-rows kernel (`fast.compiled.few_rows`, with numba) reads: a decode
 step, a speculative check of a few guesses or a small batch reads each weight row once and uses it
 for every row of input. (Without numba, numpy's matrix-vector product runs a whole decode step
 about 1.2x slower in this order than in the mixed orders used before, measured on this machine;
-numba's kernel runs it ~0.85x of that older time; see `core.tunables`.) The embedding is a [V, D]
+numba's kernel runs it ~0.85x of that older time; see `fast.tunables`.) The embedding is a [V, D]
 C-contiguous table (`embed[ids]` gathers contiguous rows), and the tied output head `embed.T` is
 then out-major too. Q, K and V of a layer
 are stored side by side in one [D, (Hq + 2 Hkv) d] array and gate and up in one [D, 2F] array;
@@ -44,7 +44,7 @@ def array_shapes(cfg: Config) -> dict:
 
 
 # Arrays stored in Fortran order (their [in, out] shape unchanged): the (out, in) rows of the
-# file lie contiguous, as `core.skinny.rows_times` reads them. Every matrix; the norms are vectors.
+# file lie contiguous, as `fast.compiled.few_rows.rows_times` reads them. Every matrix; the norms are vectors.
 FORTRAN_ORDER = ("token_embd", "output", "attn_qkv", "attn_output", "ffn_gate_up", "ffn_down")
 
 

@@ -1,5 +1,5 @@
 """The model as data: a config, an embedding table, a list of layers' weights. No arithmetic
-here: the reference forward pass is `reference.py`, the fast one `fast.py`."""
+here: the reference forward pass is `reference.py`, the fast one `fast/forward_pass.py`."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -62,7 +62,7 @@ def attention(q, k, v, return_weights=False, softmax=softmax):
         scores = q K^T / sqrt(d) + mask            mask: -inf where a key is in the query's future
         out = softmax(scores) V                    per head; heads side by side
 
-    Every score is computed and held ([Hq, S, T]); the fast path (`fast.py`) and
+    Every score is computed and held ([Hq, S, T]); the fast path (`fast/forward_pass.py`) and
     `flash_attention` get the same numbers without holding them all."""
     S, Hq, d = q.shape
     T, Hkv, _ = k.shape

@@ -1,5 +1,5 @@
 """The decoder, the readable way: weights in a dataclass, one block, one forward pass for
-prefill and decode alike. (The same arithmetic, made fast, is `fast.py`; tests prove them equal.)
+prefill and decode alike. (The same arithmetic, made fast, is `fast/forward_pass.py`; tests prove them equal.)
 
     x = embed[ids] (+ pos_table[positions])                      # [S, D]
     for each layer:                                              # pre-norm block

@@ -22,10 +22,10 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from ..core.fast import forward_batch
 from ..core.model import Model
 from ..core.reference import forward
 from ..core.validate import check_context, check_token_ids
+from ..fast import forward_batch
 from .processors import apply_processors, check_processors, should_stop, start_processors
 from .sampling import best_tokens
 

@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from ..core.model import Model
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core import fast, reference
+from .. import fast
+from ..core import reference
 from ..core.config import Config
 from ..core.kernels import Kernels
 from ..core.model import Model

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from ..core.model import Model
 from ..core.validate import check_context, check_token_ids
 from .drafts import make_draft

@@ -17,8 +17,8 @@ def chunked_log_probs(model, token_ids, cache=None, prefix: int = 32, chunk: int
     """log p(token_ids[i] | token_ids[:i]) for i = prefix .. N-1, float64 [N - prefix], run
     through `cache`: the first `prefix` tokens are prefilled, the rest fed `chunk` tokens at a
     time, so every later token attends to keys and values read back from the cache."""
-    from ..core.fast import forward  # the same numbers as the reference forward (tests prove it), faster
     from ..core.validate import check_token_ids
+    from ..fast import forward  # the same numbers as the reference forward (tests prove it), faster
 
     ids = check_token_ids(model.config, token_ids)
     if not 1 <= prefix < len(ids):

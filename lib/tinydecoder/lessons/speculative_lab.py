@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from ..core.model import Model
 from ..decoding.speculative import expected_tokens_per_step
 

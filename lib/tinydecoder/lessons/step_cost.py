@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import fast
-from ..serving.bench import bench_tokens, cache_copy, prefilled_cache
-from ..serving.machine import best_seconds
+from .. import fast
+from ..perf.bench import bench_tokens, cache_copy, prefilled_cache
+from ..perf.machine import best_seconds
 
 
 def measure_step_seconds(model, rows=(1, 2, 4, 8), context: int = 32, repeat: int = 3) -> dict:

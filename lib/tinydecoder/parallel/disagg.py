@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from ..core.cache import KVCache
 from ..core.model import Model
 from .launch import RankError, run_ranks

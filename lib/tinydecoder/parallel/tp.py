@@ -112,7 +112,7 @@ def generate_rank(comm, model="small", prompt=(0, 1, 2), max_new_tokens: int = 8
     keep_freed_memory: this rank's malloc keeps freed memory (as the single-process CLI does for SmolLM2)."""
     kept = False
     if keep_freed_memory:
-        from ..serving.machine import keep_freed_memory as keep
+        from ..perf.machine import keep_freed_memory as keep
 
         kept = keep()
     traced = TracedComm(comm)

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server in front of Part III's engine (issue 24).
+"""An OpenAI-compatible HTTP server in front of Part III's engine.
 
 `python -m tinydecoder serve --model smollm2` runs it; `start_server("toy")` runs one on a
 background thread (tests, notebook 20). The engine is serving.engine.Engine over a paged KV

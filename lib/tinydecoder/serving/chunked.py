@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from ..core.model import Model
 from ..core.ops import causal_mask
 from ..core.validate import check_token_ids

@@ -22,11 +22,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from ..core.fast import forward_batch
 from ..core.model import Model
 from ..core.validate import check_token_ids, is_int
 from ..decoding.processors import apply_processors
 from ..decoding.sampling import greedy
+from ..fast import forward_batch
 from .backends import ContiguousKV
 from .requests import DECODE, PREFILL, EngineStep, Request, RequestResult, Work
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from ..core.cache import KVCache
 from ..core.model import Model
 from ..core.validate import check_token_ids, positive_int

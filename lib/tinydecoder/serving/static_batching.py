@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import time
 
-from ..core.fast import forward_batch
 from ..core.model import Model
 from ..core.validate import int_at_least
 from ..decoding.sampling import greedy
+from ..fast import forward_batch
 from .backends import ContiguousKV
 from .scheduler import DECODE, PREFILL, EngineStep, RequestResult, Schedule, Work, _check_requests
 

@@ -152,7 +152,7 @@ def roofline_figure(bandwidth_gbps, peak_gflops, points=None, ax=None, title=Non
 def roofline_widget(intensities_by_batch, bandwidth_gbps, peak_gflops, prefill=None):
     """Slider "decode batch size": the ops of one layer's decode step for that batch on the
     roofline (and, when given, the prefill's ops for comparison)."""
-    from ..serving.bench import roofline_view
+    from ..perf.roofline import roofline_view
 
     batch = W.SelectionSlider(options=list(intensities_by_batch), value=list(intensities_by_batch)[0],
                               description="decode batch size", continuous_update=False, style=STYLE)

@@ -10,7 +10,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..core import fast
+from .. import fast
 from .base import STYLE, panel
 
 COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "target": "#1565c0", "context": "#757575"}

@@ -1,0 +1,12 @@
+"""The fast path's compiled kernels (numba; the `fast` extra), each named for what it computes:
+
+    jit                 compiles a kernel once (cached on disk) and binds what it calls; numba's threads
+    few_rows            a few rows times a weight matrix, each weight read once (decode steps, checks)
+    tiles               many rows times a weight matrix in register tiles (prefill, batches)
+    few_queries         attention of a few new rows over a cache (decode steps, checks, a batch's newest rows)
+    prefill_attention   attention of a prefill or a long chunk, in register tiles on every core
+    vexp                a vectorisable exp for x <= 0 (softmax, SiLU)
+    llvm                the inner loops the kernels inline, written in LLVM's IR
+
+Importing this package imports nothing compiled: each kernel module is imported when used.
+"""

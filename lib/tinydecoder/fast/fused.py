@@ -1,0 +1,180 @@
+"""A decoder block over a few new rows of one sequence in ONE compiled call: the fast path's
+decode step and speculative check, with the Python between the kernels taken out.
+
+`forward_pass._block` runs a layer as ~15 Python statements around seven compiled kernels and a dozen
+small numpy calls (slices, reshapes, the residual adds, the cache append). For one row each of
+those costs microseconds, and a SmolLM2 decode step runs 30 layers of them beside weights that
+take ~18 ms to read (the step's share of the bandwidth roof). `_layer_rows` is the same
+block, statement for statement, as one numba function that calls the same kernels:
+
+    h = rmsnorm(x)                      forward_pass._rmsnorm_rows                [S, D]
+    qkv = h @ W_qkv                     few_rows' sweeps or tiles' 8-row   [S, (Hq + 2Hkv) d]
+                                        tile, as forward_pass.project picks (parallel)
+    rotate q and k in place             rope_tables._rope_rows
+    K, V cache rows start .. start+S-1  <- k, v
+    a = attention(q, K[:T], V[:T])      few_queries._attend_rows (parallel) [S, Hq d]
+    x += a @ W_o
+    h = rmsnorm(x)
+    gu = h @ W_gate_up                  [S, 2F]
+    x += swiglu(gu) @ W_down            forward_pass._swiglu_rows (parallel)
+
+so it computes the numbers `forward_pass._block` computes with numba (on SmolLM2, bit for bit; on other
+shapes LLVM may vectorise a kernel it inlines here, such as the norm's sum, in another order, and
+the last bit of a float32 may differ: tests bound it), only sooner.
+
+Measured (SmolLM2, December 2026, the Zen 3 machine of tunables.SWEEPS_UP_TO_ROWS, both paths
+alternating in one process, medians of 22 passes at contexts 128, 512 and 2,048, two to five
+runs): a decode step 0.86-0.95x its time (at context 128, in a quiet hour, 19.9-21.1 -> 18.5-19.4
+ms), 3 rows 0.87-0.94x, 5 rows in the sweeps 0.91-0.98x, 5 to 8 rows in the tile 0.80-0.87x
+(unfused, each of their products also packs its rows for the tile in numpy).
+
+It applies (`applies`, `fits`) to a pass over at most tunables.ATTEND_ROWS_UP_TO rows of one
+sequence with a `KVCache` (the rows `one_query` attends), on a float32 RoPE model, for each layer
+whose matrices numba's products take (out-major float32, at least SKINNY_MIN_WEIGHTS numbers):
+SmolLM2's decode steps and speculative checks of up to 7 guesses. Anything else runs
+`forward_pass._block`.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..core.cache import KVCache
+from ..core.model import Model
+from . import tunables
+from .compiled import few_queries, few_rows, jit
+
+prange = range  # numba.prange once compiled (jit.compiled; no loop here runs in parallel itself)
+# The kernels _layer_rows calls, each compiled as the unfused path compiles it (True: parallel,
+# on numba's threads), and called rather than inlined by numba (jit.compiled binds them).
+CALLS = {"forward_pass._rmsnorm_rows": False, "rope_tables._rope_rows": False, "compiled.few_rows._rows_times_rows": True,
+         "compiled.tiles._rows_times_tiles": True, "compiled.few_queries._attend_rows": True, "forward_pass._swiglu_rows": True}
+INLINE = ("_times",)  # compiled into _layer_rows
+_rmsnorm_rows = _rope_rows = _rows_times_rows = _rows_times_tiles = _swiglu_rows = _attend_rows = None  # bound by jit.compiled
+
+
+def applies(model: Model, cache, rows: int) -> bool:
+    """Whether a pass over `rows` new rows of one sequence with `cache` can run `layer` (for each
+    layer whose weights `fits`)."""
+    cfg = model.config
+    return (jit.available() and type(cache) is KVCache and cache.dtype == model.dtype == np.float32
+            and cfg.position == "rope" and 0 < rows <= tunables.ATTEND_ROWS_UP_TO)
+
+
+def fits(weights) -> bool:
+    """Whether a layer's four matrices are ones `forward_pass.project` gives to numba's kernels (skinny's
+    sweeps, or tiles): out-major float32 of at least SKINNY_MIN_WEIGHTS numbers."""
+    return all(few_rows.takes(w) for w in (weights.w_qkv, weights.wo, weights.w_gate_up, weights.w_down))
+
+
+class Scratch(NamedTuple):
+    """A pass's work arrays for `layer`, allocated once (`scratch`) and reused by every layer."""
+    h: np.ndarray  # [S, D] the normed input
+    qkv: np.ndarray  # [S, (Hq + 2Hkv) d]
+    q: np.ndarray  # [Hq * S, d] scaled queries, grouped by KV head: [Hkv, g, S, d]
+    heads_out: np.ndarray  # [Hq * S, d] attention's output in the same order
+    att: np.ndarray  # [S, Hq * d] ... and by row
+    merge: np.ndarray  # [tasks, Hq * S, d + 2] attention's partial results
+    proj: np.ndarray  # [S, D]
+    gate_up: np.ndarray  # [S, 2F]
+    hidden: np.ndarray  # [S, F]
+    # More rows than the sweeps take run in tiles.py's 8-row tile, which reads rows packed as
+    # tiles.pack_rows packs them (the rows past S stay zero):
+    no_blocks: np.ndarray  # [0, 1, 16] pack_rows' whole 16-row blocks: none
+    packed_d: np.ndarray  # [1, D, 8] a norm's output, packed
+    packed_att: np.ndarray  # [1, Hq d, 8] attention's output
+    packed_f: np.ndarray  # [1, F, 8] SwiGLU's output
+
+
+class Block(NamedTuple):
+    """One layer's weights as the products take them ([outputs, inputs]: the out-major matrices
+    transposed, no copy) and the block's shapes and constants, for `_layer_rows`."""
+    attn_norm: np.ndarray  # [D]
+    ffn_norm: np.ndarray  # [D]
+    wqkv: np.ndarray  # [(Hq + 2Hkv) d, D]
+    wo: np.ndarray  # [D, Hq d]
+    wgu: np.ndarray  # [2F, D]
+    wdown: np.ndarray  # [D, F]
+    eps: np.float32
+    n_heads: int
+    scale: np.float32  # 1 / sqrt(d)
+    halves: bool  # RoPE pairs (i, i + d/2), else (2i, 2i + 1)
+
+
+def scratch(model: Model, rows: int, T: int) -> Scratch:
+    """The work arrays of a pass over `rows` rows after which the cache holds T positions."""
+    cfg = model.config
+    Hq, Hkv, d, S = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rows
+    new = lambda *shape: np.empty(shape, np.float32)
+    return Scratch(new(S, cfg.d_model), new(S, (Hq + 2 * Hkv) * d), new(Hq * S, d), new(Hq * S, d), new(S, Hq * d),
+                   new(min(T, few_queries.TASKS_PER_THREAD * jit.threads()), Hq * S, d + 2), new(S, cfg.d_model),
+                   new(S, 2 * cfg.d_ff), new(S, cfg.d_ff), np.zeros((0, 1, 16), np.float32),
+                   np.zeros((1, cfg.d_model, 8), np.float32), np.zeros((1, Hq * d, 8), np.float32),
+                   np.zeros((1, cfg.d_ff, 8), np.float32))
+
+
+def layer(model: Model, l: int, x, tables, cache: KVCache, work: Scratch) -> None:
+    """Block l for the S rows x [S, D] (updated in place) of a sequence whose cache holds the
+    positions before them; their K and V join the cache. tables: rope_tables.rope_tables for the rows."""
+    cfg, w = model.config, model.layers[l]
+    S = x.shape[0]
+    k_cache, v_cache, start = cache.reserve(l, S)  # [capacity, Hkv, d] each; rows start .. start+S-1 are ours
+    block = Block(w.attn_norm, w.ffn_norm, w.w_qkv.T, w.wo.T, w.w_gate_up.T, w.w_down.T, np.float32(cfg.norm_eps),
+                  cfg.n_heads, np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
+    tiled = S > tunables.SWEEPS_UP_TO_ROWS
+    jit.compiled(_layer_rows, parallel=False)(x, block, tables.cos, tables.sin, k_cache, v_cache, start, work,
+                                              tiled, jit.threads())
+
+
+def _times(x, wt, out, tiled, no_blocks, packed, threads):  # pragma: no cover - runs compiled by numba
+    """out = x @ wt.T as `forward_pass.project` computes it: few_rows' sweeps, or (tiled) tiles.py's
+    8-row tile over x packed into `packed` [1, K, 8]."""
+    if tiled:
+        S, K = x.shape
+        for k in range(K):
+            for s in range(S):
+                packed[0, k, s] = x[s, k]
+        _rows_times_tiles(no_blocks, packed, x, wt, out, threads)
+    else:
+        _rows_times_rows(x, wt, out)
+
+
+def _layer_rows(x, block, cos, sin, k_cache, v_cache, start, work, tiled, threads):  # pragma: no cover - numba
+    """forward_pass._block for S rows and a KVCache's arrays, as this module's docstring lays out:
+    x [S, D] updated in place; block: a `Block`; work: a `Scratch`; cos, sin [S, d/2] the rows'
+    RoPE tables; k_cache, v_cache [capacity, Hkv, d], rows start .. start+S-1 written."""
+    Hq, scale, eps = block.n_heads, block.scale, block.eps
+    h, qkv, q, heads_out, att, proj = work.h, work.qkv, work.q, work.heads_out, work.att, work.proj
+    no_blocks = work.no_blocks
+    S, D = x.shape
+    Hkv, d = k_cache.shape[1], k_cache.shape[2]
+    _rmsnorm_rows(x, block.attn_norm, eps, h)  # [S, D]
+    _times(h, block.wqkv, qkv, tiled, no_blocks, work.packed_d, threads)  # [S, (Hq + 2Hkv) d]
+    _rope_rows(qkv, Hq + Hkv, cos, sin, block.halves)  # q and k rotated in place
+    for s in range(S):  # the new keys and values join the cache
+        for j in range(Hkv):
+            for c in range(d):
+                k_cache[start + s, j, c] = qkv[s, (Hq + j) * d + c]
+                v_cache[start + s, j, c] = qkv[s, (Hq + Hkv + j) * d + c]
+    for i in range(Hq):  # scaled queries, grouped as attention reads them: row i * S + s (i = kv head * g + its j)
+        for s in range(S):
+            for c in range(d):
+                q[i * S + s, c] = qkv[s, i * d + c] * scale
+    _attend_rows(q, k_cache, v_cache, start + S, S, work.merge, heads_out)  # [Hq * S, d]
+    for i in range(Hq):
+        for s in range(S):
+            for c in range(d):
+                att[s, i * d + c] = heads_out[i * S + s, c]
+    _times(att, block.wo, proj, tiled, no_blocks, work.packed_att, threads)  # [S, D]
+    for s in range(S):
+        for c in range(D):
+            x[s, c] += proj[s, c]
+    _rmsnorm_rows(x, block.ffn_norm, eps, h)
+    _times(h, block.wgu, work.gate_up, tiled, no_blocks, work.packed_d, threads)  # [S, 2F]: gate and up side by side
+    _swiglu_rows(work.gate_up, work.hidden, threads)  # [S, F]
+    _times(work.hidden, block.wdown, proj, tiled, no_blocks, work.packed_f, threads)  # [S, D]
+    for s in range(S):
+        for c in range(D):
+            x[s, c] += proj[s, c]

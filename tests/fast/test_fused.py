@@ -1,0 +1,153 @@
+"""core/fused.py: a decoder block over a few rows of one sequence in one compiled call. It runs
+the kernels `fast._block` runs, in the same order, so its logits and the K/V it caches must equal
+the unfused fast path's up to the last bits of float32 (LLVM may vectorise a kernel inlined into
+the block, such as the norm's sum, in another order: differences of 1e-7 were seen on these toy
+shapes, none on SmolLM2's), and the reference path's up to float32 rounding. Checked on float32
+models whose weights are not shared with the reference side, for 1-8 new rows (the products in
+skinny's sweeps up to SWEEPS_UP_TO_ROWS, in tiles.py's 8-row tile above), after 0, 7 and 130
+cached positions (a cache that must grow on the way), both RoPE layouts, grouped and one-KV-head
+attention, head sizes that are and are not multiples of 8 (the attention kernel's two loops); and
+that every other pass (more rows, a batch, another cache, float64, no RoPE, weights the sweeps do
+not take) runs `fast._block` and is still right."""
+import numpy as np
+import pytest
+
+import tinydecoder as td
+from tinydecoder.core import reference
+from tinydecoder.core.model import LayerWeights, Model
+from tinydecoder.core.toy import random_model
+from tinydecoder.fast import forward_pass as fast
+from tinydecoder.fast import fused, tunables
+from tinydecoder.fast.compiled import jit
+
+pytestmark = pytest.mark.skipif(not jit.available(), reason="numba is not installed (the [fast] extra)")
+
+
+def config(n_heads=6, n_kv_heads=2, head_dim=8, layout="halves", position="rope"):
+    return td.Config(vocab_size=61, d_model=24, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                     n_layers=3, d_ff=40, max_context=200, position=position, norm_eps=1e-5, rope_layout=layout,
+                     tied_embeddings=True, name="fused-test")
+
+
+CONFIGS = {"gqa": config(), "gqa-interleaved": config(layout="interleaved"), "one-kv-head-d12": config(6, 1, 12),
+           "mha-d16": config(4, 4, 16)}
+
+
+def pair(cfg, seed=5):
+    """(float64 reference model, float32 fast model with out-major matrices; no array shared)."""
+    ref = random_model(cfg, seed=seed, dtype=np.float64)
+
+    def f32(a):
+        return None if a is None else np.asfortranarray(a, np.float32) if a.ndim == 2 else a.astype(np.float32)
+
+    layers = [LayerWeights(**{k: f32(v) for k, v in layer.arrays().items()}) for layer in ref.layers]
+    mine = Model(ref.config, embed=np.ascontiguousarray(ref.embed, np.float32), layers=layers,
+                 final_norm=f32(ref.final_norm), pos_table=f32(ref.pos_table), lm_head=None)
+    return ref, mine
+
+
+@pytest.fixture
+def layers_run(monkeypatch):
+    """Every matrix goes to numba's products (the toy matrices are below SKINNY_MIN_WEIGHTS); the
+    list collects the rows of each fused.layer call."""
+    monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
+    calls, real = [], fused.layer
+    monkeypatch.setattr(fused, "layer", lambda model, l, x, *a: calls.append(x.shape[0]) or real(model, l, x, *a))
+    return calls
+
+
+def unfused(monkeypatch):
+    monkeypatch.setattr(fused, "applies", lambda *a: False)
+
+
+def tokens(n, seed):
+    return np.random.default_rng(seed).integers(0, 61, n).tolist()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("past", [0, 7, 130])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 8])
+def test_a_fused_pass_equals_the_unfused_kernels(name, past, rows, layers_run, monkeypatch):
+    _, mine = pair(CONFIGS[name])
+    ids = tokens(past + rows, seed=past + rows)
+    caches = [mine.new_cache(past + 1), mine.new_cache(past + 1)]  # each grows when the new rows come
+    for cache in caches:
+        if past:
+            fast.forward(mine, ids[:past], cache, last_only=True)
+    layers_run.clear()
+    got = fast.forward(mine, ids[past:], caches[0])
+    assert layers_run == [rows] * mine.config.n_layers  # every layer ran fused
+    with monkeypatch.context() as m:
+        unfused(m)
+        want = fast.forward(mine, ids[past:], caches[1])
+    assert len(layers_run) == mine.config.n_layers  # the unfused pass did not
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    assert len(caches[0]) == len(caches[1]) == past + rows
+    for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        assert np.array_equal(a[:past], b[:past])  # the rows before the pass are untouched
+        np.testing.assert_allclose(a[past:past + rows], b[past:past + rows], rtol=0, atol=1e-5 * np.abs(b).max())
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fused_decode_and_checks_equal_the_reference(name, layers_run):
+    """A prefill, then checks of 1-7 guesses and decode steps, every layer of the few-row
+    passes fused; the last-only passes fuse every layer but the last (it keeps one row)."""
+    ref, mine = pair(CONFIGS[name])
+    ids = tokens(80, seed=1)
+    want = reference.forward(ref, ids)
+    cache = mine.new_cache(8)
+    np.testing.assert_allclose(fast.forward(mine, ids[:40], cache), want[:40], rtol=0, atol=2e-4 * np.abs(want).max())
+    at = 40
+    for n, last_only in ((5, False), (3, False), (1, True), (8, False), (1, True), (4, True), (7, True), (2, False)):
+        layers_run.clear()
+        got = fast.forward(mine, ids[at:at + n], cache, last_only=last_only)
+        np.testing.assert_allclose(got, want[at + n - 1:at + n] if last_only else want[at:at + n], rtol=0,
+                                   atol=2e-4 * np.abs(want).max())
+        fused_layers = mine.config.n_layers - (last_only and n > 1)  # the kept row's last layer: fast._block
+        assert layers_run == [n] * fused_layers
+        at += n
+    assert len(cache) == at
+
+
+def test_other_passes_run_the_unfused_block_and_stay_right(layers_run):
+    ref, mine = pair(CONFIGS["gqa"])
+    ids = tokens(20, seed=2)
+    want = reference.forward(ref, ids)
+
+    def check(got, rows):
+        np.testing.assert_allclose(got, want[rows], rtol=0, atol=2e-4 * np.abs(want).max())
+
+    check(fast.forward(mine, ids[:9]), slice(0, 9))  # 9 rows: more than ATTEND_ROWS_UP_TO
+    caches = [mine.new_cache(20), mine.new_cache(20)]
+    fast.forward_batch(mine, [ids[:3], ids[:3]], caches)  # two sequences in one pass
+    stacked = fast.BatchKVCache.stack(caches, extra=1)
+    for got in fast.forward_batch(mine, [ids[3:4], ids[3:4]], stacked, last_only=True):  # a batched cache
+        check(got, slice(3, 4))
+    fast.forward(mine, ids[:3], td.QuantizedKVCache(mine.config, group_size=8))  # a cache of another kind
+    assert layers_run == []
+    C_ordered = Model(mine.config, embed=mine.embed, final_norm=mine.final_norm, pos_table=None, lm_head=None,
+                      layers=[LayerWeights(**{k: np.ascontiguousarray(v) for k, v in layer.arrays().items()})
+                              for layer in mine.layers])
+    check(fast.forward(C_ordered, ids[:2]), slice(0, 2))  # weights the sweeps do not take
+    assert layers_run == []
+    cfg = mine.config
+    assert not fused.applies(random_model(cfg, dtype=np.float64), mine.new_cache(4), 1)
+    table = td.Config(**{**cfg.to_dict(), "position": "table"})
+    assert not fused.applies(random_model(table), random_model(table).new_cache(4), 1)
+    assert fused.applies(mine, mine.new_cache(4), tunables.ATTEND_ROWS_UP_TO)
+    assert not fused.applies(mine, mine.new_cache(4), tunables.ATTEND_ROWS_UP_TO + 1)
+
+
+def test_reserve_holds_rows_for_the_caller_and_grows():
+    cfg = CONFIGS["gqa"]
+    cache = td.KVCache(cfg, np.float32, capacity=2)
+    k, v, start = cache.reserve(0, 3)  # past the capacity: doubles
+    assert start == 0 and k.shape == v.shape == (4, cfg.n_kv_heads, cfg.head_dim) and cache.lengths[0] == 3
+    k[:3] = 1.0
+    k2, _, start = cache.reserve(0, 1)
+    assert start == 3 and k2 is k and cache.lengths[0] == 4  # room left: the same arrays
+    k3, _, start = cache.reserve(0, 2)
+    assert start == 4 and k3.shape[0] == 8 and np.all(k3[:3] == 1.0)  # doubled again, the rows kept
+    with pytest.raises(ValueError, match="201 positions do not fit the context of 200"):
+        cache.reserve(1, 201)
+    assert cache.lengths[1] == 0
