@@ -1,7 +1,7 @@
 """The bookkeeping of a paged KV cache without the K/V arrays: a free list, reference counts
-and one block table per sequence. `paged.PagedKVPool` keeps the same books (and the arrays);
-this is the part notebook 17 asks the learner to write, and the answer its checker compares
-with (tests check that both hand out the same blocks on a workload).
+and one block table per sequence. `paged.PagedKVPool` keeps its blocks in one of these (beside
+the K/V arrays and the prefix index); this is the part notebook 17 asks the learner to write, and
+the answer its checker compares with.
 
     alloc = BlockAllocator(n_blocks=8, block_size=4)
     alloc.grow("a", 6)            # "a" now covers 6 positions: ceil(6 / 4) = 2 blocks, [0, 1]
@@ -39,8 +39,42 @@ class BlockAllocator:
         self.n_blocks = positive_int("n_blocks", n_blocks)
         self.block_size = positive_int("block_size", block_size)
         self.free_list = list(range(self.n_blocks))
-        self.refcount = [0] * self.n_blocks
+        self.refcount = np.zeros(self.n_blocks, np.int64)  # holders of each block
         self.tables = {}
+
+    # One block at a time: the moves grow, fork and free are made of, and PagedKVPool's too.
+    def take(self) -> int:
+        """The block at the front of the free list, now held once (count 1)."""
+        if not self.free_list:
+            raise PoolExhaustedError(f"no free block: all {self.n_blocks} are held")
+        block = self.free_list.pop(0)
+        self.refcount[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        """One more holder of a held block (count + 1)."""
+        if self.refcount[block] < 1:
+            raise ValueError(f"block {block} is not held; take it or revive it first")
+        self.refcount[block] += 1
+
+    def drop(self, block: int, park: bool = False) -> bool:
+        """One holder fewer; True when the count reaches 0. Then the block goes to the BACK of the
+        free list, or, with park=True, to no list: its caller keeps it aside (PagedKVPool keeps a
+        freed block that holds a cached prompt prefix) until it `revive`s it."""
+        if self.refcount[block] < 1:
+            raise ValueError(f"block {block} is not held")
+        self.refcount[block] -= 1
+        if self.refcount[block]:
+            return False
+        if not park:
+            self.free_list.append(block)
+        return True
+
+    def revive(self, block: int) -> None:
+        """A parked block (count 0, on no list) held once again."""
+        if self.refcount[block] or block in self.free_list:
+            raise ValueError(f"block {block} is not parked")
+        self.refcount[block] = 1
 
     def grow(self, name, n_positions: int) -> list:
         """Make sequence `name` (new or known) cover n_positions positions; returns the blocks
@@ -52,9 +86,7 @@ class BlockAllocator:
         if need > len(self.free_list):
             raise PoolExhaustedError(f"sequence {name!r} needs {need} more block(s) for {n_positions} positions, "
                                      f"but only {len(self.free_list)} of {self.n_blocks} are free")
-        taken, self.free_list = self.free_list[:need], self.free_list[need:]
-        for block in taken:
-            self.refcount[block] = 1
+        taken = [self.take() for _ in range(need)]
         self.tables[name] = table + taken
         return taken
 
@@ -66,15 +98,9 @@ class BlockAllocator:
             raise ValueError(f"sequence {child!r} exists already")
         self.tables[child] = list(self.tables[parent])
         for block in self.tables[child]:
-            self.refcount[block] += 1
+            self.share(block)
 
     def free(self, name) -> int:
         """Drop `name`'s references; returns how many blocks became free (0 for an unknown or
         already freed name)."""
-        freed = 0
-        for block in self.tables.pop(name, []):
-            self.refcount[block] -= 1
-            if self.refcount[block] == 0:
-                self.free_list.append(block)
-                freed += 1
-        return freed
+        return sum(self.drop(block) for block in self.tables.pop(name, []))

@@ -60,12 +60,13 @@ Memory on a request workload, with no model (notebook 17): `lessons.memory_repla
 """
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 import numpy as np
 
 from ..core.config import Config
 from ..core.validate import positive_int
+from .block_allocator import BlockAllocator
 from .blocks import PoolExhaustedError, PoolStats, block_hash, block_hashes, check_tokens  # noqa: F401
 from .paged_sequence import PagedSequence
 
@@ -93,10 +94,9 @@ class PagedKVPool:
         shape = (self.n_blocks, self.block_size, config.n_kv_heads, config.head_dim)
         self.k = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x [N, B, Hkv, d]
         self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
-        self.refcount = np.zeros(self.n_blocks, np.int64)
+        self.blocks = BlockAllocator(self.n_blocks, self.block_size)  # free list and reference counts
         self.fill = np.zeros(self.n_blocks, np.int64)  # rows written in each block
-        self.free_list = deque(range(self.n_blocks))  # never-cached free blocks, lowest id first
-        self.cached_free = OrderedDict()  # block -> None: free but cached, least recently freed first
+        self.cached_free = OrderedDict()  # block -> None: free (parked) but cached, least recently freed first
         self.prefix_index = {}  # hash -> block
         self.block_hash = {}  # block -> hash (blocks in the prefix index)
         self.sequences = {}  # seq_id -> live PagedSequence
@@ -109,6 +109,16 @@ class PagedKVPool:
         return cls(model.config, n_blocks, block_size, model.dtype, **kwargs)
 
     # --------------------------------------------------------------------- blocks
+    @property
+    def refcount(self) -> np.ndarray:
+        """[n_blocks] holders of each block (the allocator's counts)."""
+        return self.blocks.refcount
+
+    @property
+    def free_list(self) -> list:
+        """Never-cached free blocks, in the order they will be taken."""
+        return self.blocks.free_list
+
     @property
     def blocks_free(self) -> int:
         return len(self.free_list) + len(self.cached_free)
@@ -135,32 +145,34 @@ class PagedKVPool:
 
     def _allocate(self) -> int:
         if self.free_list:
-            block = self.free_list.popleft()
+            block = self.blocks.take()
         elif self.cached_free:
             block, _ = self.cached_free.popitem(last=False)  # evict the least recently freed
             self._unregister(block)
+            self.blocks.revive(block)
         else:  # callers check first; this is a guard
             self._check_available(1, "an allocation")
-        self.refcount[block] = 1
         self.fill[block] = 0
         return block
 
     def _incref(self, block: int) -> None:
         if self.refcount[block] == 0:
             self.cached_free.pop(block)  # a cached free block comes back to life
-        self.refcount[block] += 1
+            self.blocks.revive(block)
+        else:
+            self.blocks.share(block)
 
     def _decref(self, block: int) -> bool:
-        """Drop one reference; True when the block became free."""
-        self.refcount[block] -= 1
-        if self.refcount[block] > 0:
+        """Drop one reference; True when the block became free (parked among the cached free
+        blocks when it holds a cached prefix, else back on the free list)."""
+        cached = block in self.block_hash and self.cache_freed_blocks
+        if not self.blocks.drop(block, park=cached):
             return False
-        if block in self.block_hash and self.cache_freed_blocks:
+        if cached:
             self.cached_free[block] = None
         else:
             self._unregister(block)
             self.fill[block] = 0
-            self.free_list.append(block)
         return True
 
     def _unregister(self, block: int) -> None:
