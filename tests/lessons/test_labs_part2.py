@@ -61,7 +61,11 @@ def test_explain_speedup_words():
     assert "slower than" in speculative_lab.explain_speedup("free", 0.89, 0.67, 1.0)
     line = speculative_lab.explain_speedup("code", 0.73, 0.87, 2.64)
     assert "1.19x, faster than" in line and "less than its 2.64 tokens per pass" in line
-    assert "as fast as" in speculative_lab.explain_speedup("x", 1.0, 1.0, 1.0)
+    assert "took 2.22x a plain decode step" in line  # 2.64 / (0.87 / 0.73): the reason follows the numbers
+    same = speculative_lab.explain_speedup("x", 1.0, 1.0, 1.0)
+    assert "as fast as" in same and "about one plain decode step" in same and "took" in same
+    cheap = speculative_lab.explain_speedup("y", 0.5, 1.0, 1.6)  # 2.0x from 1.6 tokens per pass
+    assert "more than its 1.60 tokens per pass" in cheap and "only 0.80x" in cheap
 
 
 @pytest.fixture(scope="module")

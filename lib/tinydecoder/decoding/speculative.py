@@ -120,8 +120,9 @@ class Step:
 
 
 class DraftLength:
-    """How many guesses the next pass may carry, adapted from the passes so far, as serving
-    engines do (the length rule is Hugging Face's "heuristic" schedule for assistant models):
+    """How many guesses the next pass may carry, adapted from the passes so far. The length rule is
+    Hugging Face transformers' heuristic for assisted generation (`num_assistant_tokens_schedule=
+    "heuristic"`), here capped at k; the pause is this library's own:
 
     - every guess of a pass kept: the next pass may carry 2 more (up to k); otherwise 1 fewer
       (down to 1), so a wrong guess costs a narrower pass next time;

@@ -88,16 +88,24 @@ def explain_pass_cost(pass_s: dict) -> str:
 
 
 def explain_speedup(label: str, seconds: float, plain_seconds: float, tokens_per_pass: float) -> str:
-    """One sentence on a measured speed-up: `generate`'s wall clock over the speculative run's."""
+    """One sentence on a measured speed-up: `generate`'s wall clock over the speculative run's (both
+    for the same tokens, as greedy gives). Its reason is computed from the same numbers: the
+    speed-up is tokens per pass divided by what one pass cost in plain decode steps (the pass's
+    draft and its share of the prefill included), so that cost is printed, not assumed."""
     if not (seconds > 0 and plain_seconds > 0 and tokens_per_pass >= 1):
         raise ValueError(f"need seconds > 0, plain_seconds > 0 and tokens_per_pass >= 1, got "
                          f"{seconds}, {plain_seconds}, {tokens_per_pass}")
     speedup = plain_seconds / seconds
     how = "faster than" if speedup >= 1.05 else "slower than" if speedup <= 0.95 else "as fast as"
-    why = ""
-    if speedup < tokens_per_pass / 1.05:
-        why = (f", less than its {tokens_per_pass:.2f} tokens per pass: a pass with guesses costs more "
-               "than a decode step here, the prompt's prefill is not shortened, and the draft costs too")
+    step = tokens_per_pass / speedup  # one pass's wall clock over one plain step's
+    if step > 1.05:
+        why = (f", less than its {tokens_per_pass:.2f} tokens per pass: each pass (with its draft and its "
+               f"share of the prefill) took {step:.2f}x a plain decode step")
+    elif step < 0.95:
+        why = (f", more than its {tokens_per_pass:.2f} tokens per pass: each pass took only {step:.2f}x a "
+               "plain decode step")
+    else:
+        why = f", about its {tokens_per_pass:.2f} tokens per pass: each pass took about one plain decode step"
     return f"{label}: {speedup:.2f}x, {how} plain generate{why}."
 
 
