@@ -126,3 +126,33 @@ def test_generate_trace_records_one_round_per_token(tmp_path):
     assert [e["args"]["token"] for e in work] == gen.new_tokens
     assert [e["args"]["finish_reason"] for e in events if e["name"] == "finish"] == ["length"]
     assert Counter(e["name"] for e in events)["forward"] == 6
+
+
+def test_the_summary_counts_what_the_schedule_did():
+    from tinydecoder.serving.trace_summary import engine_shares, request_summary
+
+    trace = TraceRecorder(clock=FakeClock())
+    backend = PagedKV(TOY, n_blocks=10, block_size=4, admission="on_demand")
+    sched = run_schedule(TOY, workload(), token_budget=8, chunk_size=4, backend=backend, trace=trace)
+    rows = request_summary(trace.trace()["traceEvents"])
+    assert [r["request"] for r in rows] == ["r0", "r1", "r2", "r3"]
+    steps_scheduled = {}
+    for s in sched.steps:
+        for w in s.entries:
+            steps_scheduled.setdefault(w.request, set()).add(s.index)
+    for i, (row, r) in enumerate(zip(rows, sched.results)):
+        assert row["tokens"] == len(r.tokens) and row["preemptions"] == r.preemptions
+        assert row["prefill_chunks"] == len(r.prefill_chunks)
+        assert row["decode_steps"] == len(r.tokens) - 1 - r.preemptions
+        # the steps it waited: from arrival to its finish, every step it was not scheduled in, minus
+        # the steps it was running but given no work (admitted, its turn not come)
+        lifetime = set(range(r.request.arrival, r.finish_step + 1))
+        assert row["queued_steps"] <= len(lifetime - steps_scheduled[i])
+        assert row["queued_steps"] >= r.admitted - r.request.arrival
+        assert row["finish_reason"] == "length"
+        assert row["total_us"] >= row["queued_us"] + row["prefill_us"] + row["decode_us"] > 0
+    shares = engine_shares(trace.trace()["traceEvents"])
+    assert set(shares) == {"plan", "forward", "sample", "idle steps", "between steps"}
+    assert abs(sum(shares.values()) - 1) < 1e-9 and all(v >= -1e-12 for v in shares.values())
+    with pytest.raises(ValueError, match="no engine steps"):
+        engine_shares([])

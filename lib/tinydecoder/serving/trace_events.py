@@ -45,6 +45,7 @@ class TraceRecorder:
         self._queued = {}  # request index -> (since, why): its open "queued" span
         self._arrived = {}  # request index -> arrival time (the "request" span's start)
         self._step = None  # the open step: dict of its times and planned rows
+        self.steps_seen = 0  # engine steps ended: a request queued now is first schedulable in this step
         self.meta(ENGINE_PID, None, "process_name", process_names[0])
         self.meta(REQUESTS_PID, None, "process_name", process_names[1])
         self.meta(ENGINE_PID, STEPS_TID, "thread_name", "engine steps")
@@ -87,7 +88,7 @@ class TraceRecorder:
         at = self.clock() if at is None else at
         self.request_track(i, name)
         self._arrived[i] = at
-        self._queued[i] = (at, "arrival")
+        self._queued[i] = (at, "arrival", self.steps_seen)
 
     def step_begin(self, step: int) -> None:
         self._step = {"step": step, "begin": self.clock()}
@@ -101,9 +102,9 @@ class TraceRecorder:
         s["rows"] = [(run.index, phase, n, len(run.result.tokens), len(run.cache)) for run, phase, n in plan]
         for run, _, _ in plan:  # first scheduled since arrival or preemption: its wait ends here
             if run.index in self._queued:
-                since, why = self._queued.pop(run.index)
+                since, why, from_step = self._queued.pop(run.index)
                 self.complete("queued", since, now, REQUESTS_PID, self.request_track(run.index), "request",
-                              step=s["step"], after=why)
+                              step=s["step"], after=why, steps=s["step"] - from_step)
 
     def forward_end(self) -> None:
         self._step["forward_end"] = self.clock()
@@ -132,6 +133,7 @@ class TraceRecorder:
                 reason = "length" if len(result.tokens) >= result.request.max_new_tokens else "stop"
                 self.finish(i, reason, result, at=end)
         self._step = None
+        self.steps_seen = step + 1
 
     def _preemptions(self, preempted, at) -> None:
         s = self._step
@@ -140,15 +142,16 @@ class TraceRecorder:
         s["preemptions_seen"] = True
         for i in preempted:
             self.instant("preempted", at, REQUESTS_PID, self.request_track(i), "request", step=s["step"])
-            self._queued[i] = (at, "preempted")
+            self._queued[i] = (at, "preempted", s["step"])  # it lost this step
 
     def finish(self, i: int, reason: str, result=None, at: float | None = None) -> None:
         """Request i ended (reason: "length", "stop", "cancelled", "error", ...)."""
         at = self.clock() if at is None else at
         tid = self.request_track(i)
         if i in self._queued:  # ended while waiting (cancelled): its wait ends too
-            since, why = self._queued.pop(i)
-            self.complete("queued", since, at, REQUESTS_PID, tid, "request", after=why)
+            since, why, from_step = self._queued.pop(i)
+            self.complete("queued", since, at, REQUESTS_PID, tid, "request", after=why,
+                          steps=max(0, self.steps_seen - from_step))
         args = {"finish_reason": reason}
         if result is not None:
             args |= {"step": result.finish_step, "prompt_tokens": len(result.request.prompt),
