@@ -11,7 +11,7 @@ What is exact and what is bounded (see docs/batch_invariance.md):
   matrix product, and BLAS (or the numba kernels on SmolLM2) sums a row's dot products in an
   order that depends on how many rows there are; chunked prefill changes the rows of the
   target's own prompt. Measured on this machine: toy float64 <= 2.5e-16, toy float32
-  <= 1.2e-7, SmolLM2 float32 <= 5.6e-5 (1.6e-6 of the largest |logit|). The bounds asserted
+  <= 1.2e-7 (batch sizes 1-16), SmolLM2 float32 <= 5.6e-5, 1.6e-6 of the largest |logit| (sizes 1-8). The bounds asserted
   below are ~100x those: a real dependence (a row of another request leaking into attention,
   a cache position off by one) moves logits by 1e-3 and more.
 """
