@@ -11,6 +11,7 @@ import numpy as np
 from .cli_args import float_arg, int_arg, positive_int_arg, toy_prompt
 from .cli_grammar import add_grammar_arguments, grammar_processors
 from .cli_speculative import add_speculative_arguments
+from .cli_trace import add_trace_argument, trace_options, trace_processors
 
 
 def cmd_seed(args) -> int:
@@ -112,7 +113,7 @@ def cmd_generate(args) -> int:
     """Stream a continuation of --prompt (SmolLM2 text, or toy-model token ids)."""
     from .checkpoint.smollm2 import TextGeneration, generate_text, timed_generate
 
-    processors = _decoding_processors(args) + grammar_processors(args)
+    processors = _decoding_processors(args) + grammar_processors(args) + trace_processors(args)
     if args.beams is not None:
         return cmd_beams(args, processors)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -210,7 +211,7 @@ def cmd_serve(args) -> int:
     except ImportError as exc:
         raise ValueError(f"the server needs the serve extra (pip install -e '.[serve]'): {exc}") from None
     return run_server(args.model, host=args.host, port=args.port, api_key=args.api_key,
-                      max_batch=args.max_batch, kv_blocks=args.kv_blocks)
+                      max_batch=args.max_batch, kv_blocks=args.kv_blocks, **trace_options(args))
 
 
 def add_serve_arguments(serve) -> None:
@@ -221,6 +222,7 @@ def add_serve_arguments(serve) -> None:
     serve.add_argument("--kv-blocks", type=positive_int_arg, default=256, help="KV blocks in the paged pool (256)")
     serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/*")
     serve.set_defaults(func=cmd_serve)
+    add_trace_argument(serve)  # --trace FILE (cli_trace.py)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -289,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_grammar_arguments(gen)  # --json-schema FILE, --regex PATTERN (cli_grammar.py)
     from .parallel.cli import add_parallel_arguments  # --tensor-parallel N (MPI, tinydecoder.parallel)
     add_parallel_arguments(gen, bench, toy_prompt=toy_prompt, load_bench_model=load_bench_model)
+    add_trace_argument(gen)  # --trace FILE (cli_trace.py), outermost: it refuses --tensor-parallel
     add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API "
                                        "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"))
     from .course.grading import add_grade_parser  # issue 22: python -m tinydecoder grade

@@ -55,14 +55,15 @@ class EngineLoop:
 
     def __init__(self, served, *, kv_blocks: int = 256, max_batch: int = 16, token_budget: int | None = None,
                  chunk_size: int | None = 64, max_waiting: int = 64, step_pause_s: float = 0.0,
-                 metrics: ServerMetrics | None = None):
+                 metrics: ServerMetrics | None = None, trace=None):
         self.served = served
         self.backend = PagedKV(served.model, kv_blocks, served.block_size, cache_prefixes=True,
                                admission="on_demand")
         budget = token_budget or max(max_batch, 64) + max_batch
         self.engine = Engine(served.model, backend=self.backend, token_budget=budget, max_running=max_batch,
                              chunk_size=chunk_size, stop_tokens=() if served.eos_id is None else (served.eos_id,),
-                             keep_logits=False)
+                             keep_logits=False, trace=trace)
+        self.trace = trace  # a serving.trace_events.TraceRecorder (saved on stop if it has a path), or None
         self.max_waiting = int(max_waiting)
         self.step_pause_s = float(step_pause_s)  # > 0: slow motion (a notebook's timeline, a test's disconnect)
         self.metrics = metrics or ServerMetrics()
@@ -112,6 +113,8 @@ class EngineLoop:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if self.trace is not None and self.trace.path is not None:
+            self.trace.save()  # valid JSON on every shutdown, Ctrl-C included
 
     @property
     def alive(self) -> bool:
@@ -129,12 +132,12 @@ class EngineLoop:
                     cancels, self._cancels = self._cancels, []
                     stopping = self._stopping
                 for h in inbox:
-                    h.index = self.engine.add(h.request)
+                    h.index = self.engine.add(h.request, self._arrival(h))
                     self._live[h.index] = h
                     self.metrics.prompt_tokens.inc(len(h.request.prompt))
                 for h, reason in cancels + ([(h, "cancelled") for h in self._live.values()] if stopping else []):
                     if not h.done:
-                        self.engine.cancel(h.index)
+                        self.engine.cancel(h.index, reason)
                         self._finish(h, reason)
                 if stopping:
                     break
@@ -150,10 +153,16 @@ class EngineLoop:
         except BaseException as e:  # a bug: tell every client, keep the process alive for /health to report it
             self.error = e
             for h in list(self._live.values()):
+                if self.trace is not None:
+                    self.trace.finish(h.index, "error")
                 self._finish(h, "error")
             raise
         finally:
             self._publish()
+
+    def _arrival(self, h: Handle):
+        """When the handler submitted it, for the trace (if the trace's clock is the handle's)."""
+        return h.arrival if self.trace is not None and self.trace.clock is time.perf_counter else None
 
     def _after_step(self, log) -> None:
         now = time.perf_counter()

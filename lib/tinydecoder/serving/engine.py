@@ -60,7 +60,7 @@ class Engine:
 
     def __init__(self, model: Model, *, backend=None, token_budget: int | None = 8, max_running: int | None = None,
                  chunk_size: int | None = None, policy: str = "decode_first", sampler=greedy, stop_tokens=(),
-                 keep_logits: bool = True):
+                 keep_logits: bool = True, trace=None):
         self.token_budget = check_limit("token_budget", token_budget)
         max_running = check_limit("max_running", max_running)
         self.chunk_size = check_limit("chunk_size", chunk_size)
@@ -77,6 +77,7 @@ class Engine:
         self.waiting, self.running = deque(), []
         self.steps_run = 0
         self.preemptions = 0
+        self.trace = trace  # a trace_events.TraceRecorder, or None: no call, no cost
 
     # ------------------------------------------------------------------ requests
     def check(self, request: Request, label: str = "the request") -> Request:
@@ -100,17 +101,20 @@ class Engine:
         self.results.append(RequestResult(request))
         return len(self.requests) - 1
 
-    def enqueue(self, i: int) -> None:
+    def enqueue(self, i: int, at: float | None = None) -> None:
         self.waiting.append(i)
+        if self.trace is not None:  # at: its arrival on the recorder's clock (default: now)
+            self.trace.arrive(i, self.requests[i].name, at)
 
-    def add(self, request: Request) -> int:
+    def add(self, request: Request, at: float | None = None) -> int:
         """Register and queue a request (it may be admitted from the next step on); its index."""
         i = self.register(request)
-        self.enqueue(i)
+        self.enqueue(i, at)
         return i
 
-    def cancel(self, i: int) -> bool:
-        """End request i now (between steps): its blocks go back to the pool. False if it had finished."""
+    def cancel(self, i: int, reason: str = "cancelled") -> bool:
+        """End request i now (between steps): its blocks go back to the pool. False if it had finished.
+        `reason` is the finish reason a trace records."""
         result = self.results[i]
         if result.finished:
             return False
@@ -122,6 +126,8 @@ class Engine:
                 self.running.remove(run)
                 break
         result.cancelled, result.finish_step = True, self.steps_run
+        if self.trace is not None:
+            self.trace.finish(i, reason, result)
         return True
 
     def forget(self, i: int) -> None:
@@ -138,7 +144,9 @@ class Engine:
     def step(self, record_wall: bool = False) -> EngineStep:
         """Plan and run one step (possibly idle); returns its log."""
         t0 = time.perf_counter() if record_wall else None
-        index, self._preempted = self.steps_run, []
+        index, self._preempted, trace = self.steps_run, [], self.trace
+        if trace is not None:
+            trace.step_begin(index)
         plan = self._plan(index)
         n_running = len(self.running) if plan else 0
         if not plan and self.waiting and not self.running:  # nothing will ever free the memory it waits for
@@ -146,9 +154,12 @@ class Engine:
         entries = self._apply(plan, index) if plan else []
         self.steps_run += 1
         backend = self.backend
-        return EngineStep(index, entries, len(self.waiting), n_running, backend.free_blocks,
-                          (time.perf_counter() - t0) if record_wall else None,
-                          getattr(backend, "available_blocks", backend.free_blocks), self._preempted)
+        log = EngineStep(index, entries, len(self.waiting), n_running, backend.free_blocks,
+                         (time.perf_counter() - t0) if record_wall else None,
+                         getattr(backend, "available_blocks", backend.free_blocks), self._preempted)
+        if trace is not None:
+            trace.step_end(log, self.results)
+        return log
 
     def _plan(self, step: int) -> list:
         """This step's batch: [(_Running, phase, n_tokens)]; admits waiting requests (FCFS)."""
@@ -231,7 +242,11 @@ class Engine:
                 run.result.prefill_chunks.append((step, n))
             caches.append(run.cache)
             entries.append(Work(run.index, phase, n, len(run.cache)))
+        if self.trace is not None:
+            self.trace.forward_begin(plan, self._preempted)
         logits = forward_batch(self.model, ids, caches, last_only=True)  # one pass for the batch
+        if self.trace is not None:
+            self.trace.forward_end()
         for (run, phase, n), out in zip(plan, logits):
             if phase == PREFILL:
                 run.fed += n

@@ -129,7 +129,7 @@ def _check_requests(model, requests, backend) -> list:
 def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_running: int | None = None,
                  chunk_size: int | None = None, policy: str = "decode_first", backend=None,
                  sampler=greedy, stop_tokens=(), record_wall: bool = False,
-                 max_steps: int = 100_000) -> Schedule:
+                 max_steps: int = 100_000, trace=None) -> Schedule:
     """Serve `requests` with continuous batching; return the per-step log and per-request results.
 
     token_budget: most rows (tokens) in one step's batch (None: no limit)
@@ -140,12 +140,13 @@ def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_ru
                   or "prefill_first" (prompts first, decodes get what is left: they can stall)
     backend:      KV memory, a backends.KVBackend (default ContiguousKV(model), unlimited);
                   PagedKV(..., admission="on_demand") lets the engine preempt (see engine.py)
+    trace:        a trace_events.TraceRecorder that records every request and step (None: off)
     """
     for name, value in (("token_budget", token_budget), ("max_running", max_running), ("chunk_size", chunk_size)):
         check_limit(name, value)
     backend = ContiguousKV(model) if backend is None else backend
     engine = Engine(model, backend=backend, token_budget=token_budget, max_running=max_running,
-                    chunk_size=chunk_size, policy=policy, sampler=sampler, stop_tokens=stop_tokens)
+                    chunk_size=chunk_size, policy=policy, sampler=sampler, stop_tokens=stop_tokens, trace=trace)
     requests = _check_requests(model, requests, backend)
     for r in requests:
         engine.register(r)

@@ -13,3 +13,4 @@ from .model import *  # noqa: F403
 from .model import LOG_FLOOR  # noqa: F401
 from .serving import *  # noqa: F403
 from .serving import MEMORY_COLORS, MEMORY_STATES  # noqa: F401
+from .trace import *  # noqa: F403
