@@ -19,7 +19,7 @@ from tinydecoder.lessons.rope_lab import (
     recompute_logits,
     rope_pairs,
     rope_score,
-    rotate,
+    rotate_vector,
     score_grid,
     with_layout,
 )
@@ -84,8 +84,8 @@ def test_pair_zero_turns_by_the_position_in_radians():
     assert np.arctan2(sin[0, -1], cos[0, -1]) == pytest.approx(2 * 100.0 ** (-6 / 8))
     v = np.zeros(8)
     v[0] = 1.0  # the first coordinate of pair 0 in both layouts
-    assert rotate(v, 2, 100.0, "halves")[[0, 4]] == pytest.approx([np.cos(2), np.sin(2)])
-    assert rotate(v, 2, 100.0, "interleaved")[[0, 1]] == pytest.approx([np.cos(2), np.sin(2)])
+    assert rotate_vector(v, 2, 100.0, "halves")[[0, 4]] == pytest.approx([np.cos(2), np.sin(2)])
+    assert rotate_vector(v, 2, 100.0, "interleaved")[[0, 1]] == pytest.approx([np.cos(2), np.sin(2)])
 
 
 @settings(max_examples=60, deadline=None)
@@ -256,7 +256,7 @@ def test_the_fast_paths_two_rotations_equal_apply_rope(layout, d):
     want = qkv.astype(np.float64)
     want[:, :4 * d] = apply_rope(want[:, :4 * d].reshape(4, 4, d), positions, cfg.rope_base, layout).reshape(4, -1)
     tables = rope.rope_tables(cfg, positions, np.float32)
-    got = rope.rotate(qkv[:, :4 * d].reshape(4, 4, d), tables, layout).reshape(4, -1)
+    got = rope.rotate_with_tables(qkv[:, :4 * d].reshape(4, 4, d), tables, layout).reshape(4, -1)
     np.testing.assert_allclose(got, want[:, :4 * d], rtol=0, atol=2e-6 * np.abs(want).max())
     if jit.available():
         assert rope.rotates_heads(qkv, tables) and not rope.rotates_heads(qkv[:, 1:], tables)

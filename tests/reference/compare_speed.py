@@ -39,8 +39,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import tinydecoder as td  # noqa: E402
-from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_path  # noqa: E402
 from tinydecoder import fast  # noqa: E402
+from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_path  # noqa: E402
 
 PREFILL_LENGTHS = (100, 500)
 DECODE_AFTER, DECODE_STEPS = 100, 64

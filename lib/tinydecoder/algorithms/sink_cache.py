@@ -19,7 +19,7 @@ from .. import fast
 from ..core.cache import HeldBytes, check_made_for, common_length
 from ..core.config import Config
 from ..core.validate import check_token_ids
-from ..fast.rope_tables import rope_tables, rotate
+from ..fast.rope_tables import rope_tables, rotate_with_tables
 
 
 def _count(value, name: str, minimum: int) -> int:
@@ -109,7 +109,7 @@ class SinkCache(HeldBytes):
             if len(self._tables) >= 4:  # this step's two position ranges, and the last step's
                 self._tables.clear()
             self._tables[key] = rope_tables(cfg, positions, self.dtype)
-        return rotate(x, self._tables[key], cfg.rope_layout).astype(self.dtype, copy=False)
+        return rotate_with_tables(x, self._tables[key], cfg.rope_layout).astype(self.dtype, copy=False)
 
     def append(self, layer: int, k_new, v_new):
         """Store n new rows of `layer` (evicting the oldest window rows if needed); return K, V of

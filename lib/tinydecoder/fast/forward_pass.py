@@ -45,7 +45,7 @@ from . import fused, tunables
 from .attention import attend, attend_one_query
 from .batch_cache import BatchKVCache
 from .compiled import few_queries, few_rows, jit
-from .rope_tables import rope_tables, rotate, rotate_heads, rotates_heads
+from .rope_tables import rope_tables, rotate_heads, rotate_with_tables, rotates_heads
 
 # Thresholds measured on one machine (tunables.py records which): where a speed trick starts.
 ONE_QUERY_GEMM_FROM = tunables.ONE_QUERY_GEMM_FROM  # a single query over this many keys: attend_one_query
@@ -304,11 +304,11 @@ def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):
             rotate_heads(q_rows, Hq, tables.take(rows), cfg.rope_layout)
             rotate_heads(kv, Hkv, tables, cfg.rope_layout)  # k lies first in kv
         elif rows is None:  # q and k sit side by side in qkv: rotate both in one call
-            qk = rotate(qkv[:, :(Hq + Hkv) * d].reshape(N, Hq + Hkv, d), tables, cfg.rope_layout)
+            qk = rotate_with_tables(qkv[:, :(Hq + Hkv) * d].reshape(N, Hq + Hkv, d), tables, cfg.rope_layout)
             q, k = qk[:, :Hq], qk[:, Hq:]
         else:
-            q = rotate(q, tables.take(rows), cfg.rope_layout)
-            k = rotate(k, tables, cfg.rope_layout)
+            q = rotate_with_tables(q, tables.take(rows), cfg.rope_layout)
+            k = rotate_with_tables(k, tables, cfg.rope_layout)
     out = attention(l, q, k, v, rows)  # [Nq, Hq*d]
     x += project(out, layer.wo, buf.proj, buf.packed)  # [Nq, D]
     z = rmsnorm_into(x, layer.ffn_norm, cfg.norm_eps, buf.h[:x.shape[0]])

@@ -1,5 +1,5 @@
 """RoPE on the fast path: the cos/sin tables of a pass computed once (`rope_tables`), applied by
-numpy (`rotate`) or in place by one compiled call (`rotate_heads`, with numba). The same rotation
+numpy (`rotate_with_tables`) or in place by one compiled call (`rotate_heads`, with numba). The same rotation
 as `core.ops.apply_rope`; `core.rope` has the two layouts it follows."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .compiled import jit
 
 
 class RopeTables(NamedTuple):
-    """RoPE's cos and sin for every row of a pass, computed once: cos2 and sin2 shaped for `rotate`,
+    """RoPE's cos and sin for every row of a pass, computed once: cos2 and sin2 shaped for `rotate_with_tables`,
     cos and sin [N, d/2] for the compiled `rotate_heads`."""
     cos2: np.ndarray  # [N, 1, 2, d/2] ("halves") or [N, 1, d/2, 2] ("interleaved")
     sin2: np.ndarray  # the same, signed: the pair's first member gets -x2 sin, the second +x1 sin
@@ -35,7 +35,7 @@ def rope_tables(config: Config, positions, dtype) -> RopeTables:
     return RopeTables(cos2, sin2, cos, sin)
 
 
-def rotate(x, tables: RopeTables, layout: str):
+def rotate_with_tables(x, tables: RopeTables, layout: str):
     """RoPE of x [N, H, d] (a view is fine) with rope_tables' (cos, sin): x cos + swap(x) sin,
     where swap exchanges the two members of every pair (a view).  -> new [N, H, d]."""
     N, H, d = x.shape
@@ -56,7 +56,7 @@ def rotates_heads(x, tables: RopeTables) -> bool:
 def rotate_heads(x, heads: int, tables: RopeTables, layout: str):
     """RoPE of the first `heads` heads of every row of x [N, >= heads*d] in place (a pass's fused
     q|k|v projection, where q and k lie first), in one compiled call (`_rope_rows`); see
-    `rotates_heads`. The same rotation as `rotate`, one pair at a time.  -> x"""
+    `rotates_heads`. The same rotation as `rotate_with_tables`, one pair at a time.  -> x"""
     jit.compiled(_rope_rows, parallel=False)(x, heads, tables.cos, tables.sin, layout == "halves")
     return x
 

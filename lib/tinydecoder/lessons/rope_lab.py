@@ -16,7 +16,7 @@ from ..core.rope import layout_permutation, permute_head_columns, rope_pairs, wi
 from ..core.validate import check_token_ids
 
 
-def rotate(vector, position, base=10000.0, layout="halves") -> np.ndarray:
+def rotate_vector(vector, position, base=10000.0, layout="halves") -> np.ndarray:
     """One head vector [d] rotated at `position` (float64)."""
     v = np.asarray(vector, dtype=np.float64)
     return apply_rope(v[None, None, :], np.array([position]), base, layout)[0, 0]
@@ -24,7 +24,7 @@ def rotate(vector, position, base=10000.0, layout="halves") -> np.ndarray:
 
 def rope_score(q, k, pos_q, pos_k, base=10000.0, layout="halves") -> float:
     """q rotated at pos_q, dotted with k rotated at pos_k (unscaled).  q, k: [d]."""
-    return float(rotate(q, pos_q, base, layout) @ rotate(k, pos_k, base, layout))
+    return float(rotate_vector(q, pos_q, base, layout) @ rotate_vector(k, pos_k, base, layout))
 
 
 def score_grid(q, k, n_positions: int, base=10000.0, layout="halves") -> np.ndarray:
@@ -51,7 +51,7 @@ def pair_view(q, k, pos_q, pos_k, base=10000.0, layout="halves") -> dict:
     for name, pos in (("pos_q", pos_q), ("pos_k", pos_k)):
         if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or pos < 0:
             raise ValueError(f"{name} must be an integer position >= 0, got {pos!r}")
-    q_rot, k_rot = rotate(q, pos_q, base, layout), rotate(k, pos_k, base, layout)
+    q_rot, k_rot = rotate_vector(q, pos_q, base, layout), rotate_vector(k, pos_k, base, layout)
     cos_q, sin_q = rope_angles([pos_q], len(q), base)
     angle_q = np.arctan2(sin_q[0], cos_q[0])  # [d/2], wrapped to (-pi, pi]
     cos_k, sin_k = rope_angles([pos_k], len(q), base)
