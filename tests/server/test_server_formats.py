@@ -1,0 +1,92 @@
+"""OpenAI's response_format on the server: {"type": "text"}, {"type": "json_object"} and
+{"type": "json_schema", ...}, through the official `openai` client. The checks of the field and
+of the schema run on the toy model (fast); the constrained replies need a real tokenizer, so they
+run on SmolLM2 with schemas and prompts written for this test, a few tokens each, the requests
+sent together so that the engine batches them."""
+import asyncio
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+jsonschema = pytest.importorskip("jsonschema")
+
+from tinydecoder.server import start_server  # noqa: E402
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def toy_client():
+    with start_server("toy", max_batch=4, kv_blocks=32) as s:
+        yield openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_text_format_changes_nothing(toy_client):
+    kw = dict(model="toy", messages=[{"role": "user", "content": "0 1 2"}], max_tokens=5, temperature=0)
+    plain = toy_client.chat.completions.create(**kw)
+    text = toy_client.chat.completions.create(response_format={"type": "text"}, **kw)
+    assert text.choices[0].message.content == plain.choices[0].message.content
+    assert text.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("response_format, match", [
+    ({"type": "xml"}, "response_format: must be an object whose type is 'text', 'json_object', 'json_schema'"),
+    ({"type": "json_schema"}, r"response_format.json_schema: is required"),
+    ({"type": "json_schema", "json_schema": {"name": "x"}}, r"response_format.json_schema.schema: is required"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}},
+     r"invalid or unsupported JSON schema: .*strng"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 5, "maximum": 2}}},
+     r"invalid or unsupported JSON schema"),
+    ({"type": "json_object"}, r"needs a model with a tokenizer; 'toy' has none"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True}},
+     r"needs a model with a tokenizer"),
+])
+def test_bad_or_unsupported_formats_are_400_with_the_reason(toy_client, response_format, match):
+    with pytest.raises(openai.BadRequestError, match=match) as e:
+        toy_client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "0 1"}], max_tokens=3,
+                                           response_format=response_format)
+    assert e.value.status_code == 400 and e.value.body["type"] == "invalid_request_error"
+    assert e.value.body["param"].startswith("response_format")
+
+
+PLANET = {"type": "object", "properties": {"planet": {"type": "string", "maxLength": 12},
+                                           "moons": {"type": "integer", "minimum": 0, "maximum": 200}},
+          "required": ["planet", "moons"], "additionalProperties": False}
+YES_NO = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+          "required": ["answer"], "additionalProperties": False}
+
+
+@pytest.mark.smollm2
+def test_smollm2_replies_are_schema_valid_json_or_cut_by_length():
+    with start_server("smollm2", max_batch=4, kv_blocks=48) as s:
+        client = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+        async def chat(question, response_format, max_tokens, stream=False):
+            kw = dict(model="smollm2", messages=[{"role": "user", "content": question}], max_tokens=max_tokens,
+                      temperature=0, response_format=response_format)
+            if not stream:
+                r = await client.chat.completions.create(**kw)
+                return r.choices[0].message.content, r.choices[0].finish_reason
+            chunks = [c async for c in await client.chat.completions.create(stream=True, **kw)]
+            return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0].finish_reason
+
+        async def together():
+            schema = {"type": "json_schema", "json_schema": {"name": "planet", "schema": PLANET, "strict": True}}
+            return await asyncio.gather(
+                chat("Name the planet with the most famous rings and how many moons it has.", schema, 40),
+                chat("Is the sea salty? Answer in JSON.", {"type": "json_schema",
+                                                            "json_schema": {"name": "yn", "schema": YES_NO}},
+                     24, stream=True),
+                chat("Give a cat a name, as a JSON object with one key.", {"type": "json_object"}, 24, stream=True),
+                chat("Which planet is the largest?", schema, 4))
+        (planet, planet_end), (yes_no, yes_no_end), (obj, obj_end), (cut, cut_end) = asyncio.run(together())
+        assert planet_end == "stop" and yes_no_end == "stop", (planet, yes_no)
+        jsonschema.validate(json.loads(planet), PLANET)
+        jsonschema.validate(json.loads(yes_no), YES_NO)
+        assert obj_end == "length" or isinstance(json.loads(obj), dict), obj  # JSON mode: any object
+        assert cut_end == "length" and cut.lstrip().startswith("{")  # four tokens cannot hold both fields
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(cut)
+        assert s.engine.pool_stats().blocks_used == 0
