@@ -51,6 +51,16 @@ def test_bad_or_unsupported_formats_are_400_with_the_reason(toy_client, response
     assert e.value.body["param"].startswith("response_format")
 
 
+def test_completions_read_response_format_too(toy_client):
+    plain = toy_client.completions.create(model="toy", prompt="0 1 2", max_tokens=4, temperature=0)
+    text = toy_client.completions.create(model="toy", prompt="0 1 2", max_tokens=4, temperature=0,
+                                         extra_body={"response_format": {"type": "text"}})
+    assert text.choices[0].text == plain.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="needs a model with a tokenizer"):
+        toy_client.completions.create(model="toy", prompt="0 1 2", max_tokens=4,
+                                      extra_body={"response_format": {"type": "json_object"}})
+
+
 PLANET = {"type": "object", "properties": {"planet": {"type": "string", "maxLength": 12},
                                            "moons": {"type": "integer", "minimum": 0, "maximum": 200}},
           "required": ["planet", "moons"], "additionalProperties": False}

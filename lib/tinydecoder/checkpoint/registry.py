@@ -8,6 +8,8 @@
     ids = chosen.encode("Hi", chat=True)    # the prompt's ids (the toy: "0 1 2" -> [0, 1, 2])
     chosen.decode(new_ids)                  # text without stop tokens (the toy: "3 4 5")
 
+    load_model("toy")                       # the weights only
+
 Where a command needs another toy (the bench measures a float32 toy with room for long
 contexts), it passes `toy=` a function that builds it; the name is still checked here.
 """
@@ -74,18 +76,22 @@ def toy_prompt_ids(prompt: str, chat: bool = False) -> list:
                          f"got {prompt!r}") from None
 
 
-def open_model(name: str, *, toy=None) -> ChosenModel:
-    """Load the model called `name` ("toy" or "smollm2"). toy: a function that builds the toy
-    model to use (default core.toy.toy_model, float64 as in the seed)."""
-    check_model_name(name)
-    if name == "toy":
+def load_model(name: str, *, toy=None):
+    """The weights of model `name` ("toy" or "smollm2"), without its tokenizer. toy: a function
+    that builds the toy model to use (default core.toy.toy_model, float64 as in the seed)."""
+    if check_model_name(name) == "toy":
         from ..core.toy import toy_model
 
-        return ChosenModel("toy", (toy or toy_model)(), None, ())
-    from .smollm2 import ENDOFTEXT_ID, IM_END_ID, load_smollm2, smollm2_tokenizer
+        return (toy or toy_model)()
+    from .smollm2 import load_smollm2
 
-    tok = smollm2_tokenizer()  # before the weights: a bad prompt fails fast
-    return ChosenModel("smollm2", load_smollm2(), tok, (IM_END_ID, ENDOFTEXT_ID))
+    return load_smollm2()
+
+
+def open_model(name: str, *, toy=None) -> ChosenModel:
+    """Model `name` with its tokenizer and stop tokens (toy: as for load_model)."""
+    tokenizer = open_tokenizer(name)  # before the weights
+    return ChosenModel(name, load_model(name, toy=toy), tokenizer, stop_tokens_of(name))
 
 
 def open_tokenizer(name: str):

@@ -42,7 +42,7 @@ def toy_prompt(args) -> list:
 
 def load_bench_model(name: str):
     """The model `bench --model NAME` measures: "toy" (seed shapes, float32, 4096 positions) or "smollm2"."""
-    from ..checkpoint.registry import open_model
+    from ..checkpoint.registry import load_model
     from ..serving.bench import toy_bench_model
 
-    return open_model(name, toy=toy_bench_model).model
+    return load_model(name, toy=toy_bench_model)
