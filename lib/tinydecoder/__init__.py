@@ -9,6 +9,8 @@ Sub-packages, each importing only from those before it:
     serving     many requests: KV capacity, the paged cache, chunked prefill, scheduling, benchmarks
     lessons     helpers only the notebooks need (heads, phases, bugs, exercises, the RoPE lab)
     viz, widgets  figures and interactive widgets for the notebooks
+    server, parallel  the OpenAI-compatible HTTP server; MPI tensor parallelism
+    cli         the command line (python -m tinydecoder), one module per command
 """
 from .algorithms.flash import flash_attention, merge_partials
 from .algorithms.kv_quant import QuantizedKVCache

@@ -23,11 +23,11 @@ def run_beams(args, processors) -> int:
     decoded = [chosen.decode(b.tokens) for b in result.beams]
     texts = [stop_text.trim(t) if stop_text else t for t in decoded]
     best = result.best
+    if not args.json:
+        print(texts[0])  # before a warning about it
     ended = endings(args, processors, prompt, best.tokens, best.finished or len(texts[0]) < len(decoded[0]))
     if args.json:
         print(json.dumps({"prompt_token_ids": prompt, "token_ids": best.tokens, "text": texts[0],
                           "forward_calls": result.forward_calls} | ended |
                          {"beams": [b.to_dict() | {"text": t} for b, t in zip(result.beams, texts)]}, indent=2))
-    else:
-        print(texts[0])
     return 0

@@ -95,11 +95,11 @@ def run_plain(args, processors) -> int:
         result = generate_text(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                                use_cache=not args.no_cache, on_text=show if stream else None,
                                processors=processors, stop=args.stop, **sampling_of(args))
+    if stream:
+        print()  # the streamed text's line ends before a warning about it
     ended = endings(args, processors, result.prompt_token_ids, result.token_ids, result.stopped)
     if args.json:
         print(json.dumps(result.to_dict() | ended | {"malloc_keeps_freed_memory": args.malloc_kept}, indent=2))
-    else:
-        print()
     return 0
 
 
