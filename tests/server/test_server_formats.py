@@ -100,3 +100,30 @@ def test_smollm2_replies_are_schema_valid_json_or_cut_by_length():
         with pytest.raises(json.JSONDecodeError):
             json.loads(cut)
         assert s.engine.pool_stats().blocks_used == 0
+
+
+@pytest.mark.smollm2
+def test_the_grammar_masks_before_min_p_so_an_allowed_token_always_remains():
+    """min_p after the mask keeps tokens near the best allowed one; before it, a grammar whose
+    allowed tokens are all unlikely would be left with none (and the request would fail)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tinydecoder import smollm2_tokenizer
+    from tinydecoder.decoding.grammar import JsonSchema
+    from tinydecoder.decoding.processors import MinP, apply_processors
+    from tinydecoder.server.protocol import parse_request
+
+    tok = smollm2_tokenizer()
+    served = SimpleNamespace(name="smollm2", tokenizer=tok, eos_id=tok.eos_id, max_context=8192,
+                             model=SimpleNamespace(config=SimpleNamespace(vocab_size=tok.vocab_size)))
+    gen = parse_request({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                         "min_p": 0.5, "response_format": {"type": "json_object"}}, served, chat=True)
+    grammar, rest = gen.request.processors[0], gen.request.processors[1:]
+    assert isinstance(grammar, JsonSchema) and [type(p) for p in rest] == [MinP]
+    context = list(gen.prompt_ids)
+    allowed = grammar.mask(context)
+    logits = np.where(allowed, -10.0, 10.0)  # every token the grammar allows is unlikely
+    out = apply_processors(gen.request.processors, context, logits)
+    assert np.isfinite(out).any() and not np.isfinite(out[~allowed]).any()

@@ -60,7 +60,7 @@ def run(args) -> int:
         return run_speculative(args)
     if args.draft_tokens is not None:
         raise ValueError("--draft-tokens needs --speculative prompt-lookup|early-exit:L")
-    processors = decoding_processors(args) + grammar_processors(args)
+    processors = grammar_processors(args) + decoding_processors(args)  # --min-p then keeps what the grammar allows
     if args.beams is not None:
         from .beams import run_beams
 

@@ -125,8 +125,13 @@ def _prompt_ids(body, served) -> list:
 
 
 def _processors(body, served) -> list:
-    """The logits processors the body asks for: penalties, min_p, logit_bias, then response_format's grammar."""
-    procs = []
+    """The logits processors the body asks for: response_format's grammar, penalties, min_p, logit_bias
+    (a token the grammar masked stays at -inf whatever comes after it)."""
+    try:  # the grammar first: min_p then keeps tokens near the best *allowed* one (never none at all)
+        grammar = format_processor(body, served)
+    except FormatError as e:
+        raise ApiError(400, str(e), e.param) from None
+    procs = [] if grammar is None else [grammar]
     for name, cls, low, high in (("repetition_penalty", P.RepetitionPenalty, 0, None),
                                  ("frequency_penalty", P.FrequencyPenalty, -2, 2),
                                  ("presence_penalty", P.PresencePenalty, -2, 2), ("min_p", P.MinP, 0, 1)):
@@ -143,12 +148,6 @@ def _processors(body, served) -> list:
         if any(not 0 <= k < vocab or not -100 <= v <= 100 for k, v in bias.items()):
             raise _bad("logit_bias", f"token ids must be in 0..{vocab - 1} and biases in [-100, 100]")
         procs.append(P.LogitBias(bias))
-    try:
-        grammar = format_processor(body, served)
-    except FormatError as e:
-        raise ApiError(400, str(e), e.param) from None
-    if grammar is not None:  # last: nothing after it can lift a token it masked
-        procs.append(grammar)
     return procs
 
 
