@@ -61,6 +61,25 @@ def test_completions_read_response_format_too(toy_client):
                                       extra_body={"response_format": {"type": "json_object"}})
 
 
+def test_an_end_token_on_the_last_allowed_step_is_stop_not_length():
+    """The toy's greedy reply to 0 1 2 3 is 3 2 0 4: served with 4 as its end token and
+    max_tokens 4, the reply ends by itself exactly at the limit."""
+    import tinydecoder as td
+    from tinydecoder.server import create_app
+    from tinydecoder.server.background import BackgroundServer
+    from tinydecoder.server.models import ServedModel, ToyTokenizer
+
+    assert td.SEED_CONTINUATION == [3, 2, 0, 4]
+    model = td.toy_model()
+    served = ServedModel("toy", model, ToyTokenizer(model.config.vocab_size), 4, 4)
+    with BackgroundServer(create_app(served, max_batch=2, kv_blocks=16)).start() as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        ends = [client.completions.create(model="toy", prompt="0 1 2 3", max_tokens=n, temperature=0).choices[0]
+                for n in (3, 4, 5)]
+    assert [c.finish_reason for c in ends] == ["length", "stop", "stop"]
+    assert ends[1].text == ends[2].text == " 3 2 0 4"  # (the toy writes every id, its end token too)
+
+
 PLANET = {"type": "object", "properties": {"planet": {"type": "string", "maxLength": 12},
                                            "moons": {"type": "integer", "minimum": 0, "maximum": 200}},
           "required": ["planet", "moons"], "additionalProperties": False}

@@ -35,7 +35,7 @@ def run(args) -> int:
         from ..checkpoint.registry import open_tokenizer, stop_tokens_of
         from ..serving.bench_rows import speculative_prompts
 
-        prompts, stops = speculative_prompts(open_tokenizer("smollm2")), stop_tokens_of("smollm2")[:1]
+        prompts, stops = speculative_prompts(open_tokenizer("smollm2")), stop_tokens_of("smollm2")[:1]  # <|im_end|>
     result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path, prompts=prompts,
                        stop_tokens=stops)
     result["malloc_keeps_freed_memory"] = args.malloc_kept
