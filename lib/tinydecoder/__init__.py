@@ -14,6 +14,7 @@ Sub-packages, each importing only from those before it:
     viz, widgets  figures and interactive widgets for the notebooks
     server, parallel  an OpenAI-compatible HTTP server; MPI ranks (nothing else imports them)
     course      the exercises: check, the "implement it" cases, grading
+    cli         the command line (python -m tinydecoder), one module per command
 """
 from . import fast
 from .algorithms.flash import flash_attention, merge_partials

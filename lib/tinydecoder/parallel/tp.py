@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from ..checkpoint.registry import MODEL_NAMES, load_model
 from ..core.cache import KVCache
 from ..core.config import Config
 from ..core.model import Model
@@ -48,14 +49,8 @@ def resolve_model(model) -> Model:
     """"smollm2" (memory-mapped), "small" (small_tp_config, seed 0), "toy" (seed 000's, float64), or a Model."""
     if isinstance(model, Model):
         return model
-    if model == "smollm2":
-        from ..checkpoint.smollm2 import load_smollm2
-
-        return load_smollm2()
-    if model == "toy":
-        from ..core.toy import toy_model
-
-        return toy_model()
+    if model in MODEL_NAMES:  # "toy" or "smollm2", as the command line and the server name them
+        return load_model(model)
     if model == "small":
         from ..core.toy import random_model
 

@@ -33,53 +33,71 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               **engine_options) -> Starlette:
-    """The app for `served` (a models.ServedModel). engine_options go to EngineLoop
-    (kv_blocks, max_batch, token_budget, chunk_size, max_waiting). The engine thread starts and
-    stops with the app's lifespan; `app.state.engine` is the EngineLoop."""
-    engine = EngineLoop(served, **engine_options)
+class Api:
+    """The route handlers, over one engine loop and the model it serves."""
 
-    def authorize(request: HttpRequest) -> None:
-        if api_key is None:
+    def __init__(self, served, engine: EngineLoop, api_key: str | None, max_body_bytes: int):
+        self.served, self.engine, self.api_key, self.max_body_bytes = served, engine, api_key, max_body_bytes
+
+    # ------------------------------------------------------------- checks
+    def authorize(self, request: HttpRequest) -> None:
+        if self.api_key is None:
             return
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
             raise ApiError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
                            kind="authentication_error")
 
-    async def read_json(request: HttpRequest):
+    async def read_json(self, request: HttpRequest):
+        limit = self.max_body_bytes
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            raise ApiError(400, f"the request body is larger than the limit of {max_body_bytes} bytes")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise ApiError(400, f"the request body is larger than the limit of {limit} bytes")
         body = b""
         async for part in request.stream():
             body += part
-            if len(body) > max_body_bytes:
-                raise ApiError(400, f"the request body is larger than the limit of {max_body_bytes} bytes")
+            if len(body) > limit:
+                raise ApiError(400, f"the request body is larger than the limit of {limit} bytes")
         try:
             return json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
 
-    def submit(gen):
+    def submit(self, gen):
         try:
-            return engine.submit(gen.request, asyncio.get_running_loop())
+            return self.engine.submit(gen.request, asyncio.get_running_loop())
         except ValueError as e:  # it could never run: longer than the KV pool
             raise ApiError(400, str(e), "max_tokens") from None
         except QueueFullError as e:
             raise ApiError(503, f"the server is busy ({e}); retry later", kind="server_error",
                            headers={"Retry-After": "1"}) from None
 
-    async def generate(request: HttpRequest, chat: bool):
-        authorize(request)
-        gen = parse_request(await read_json(request), served, chat)
-        handle = submit(gen)
-        rid, out = new_id(chat), TextOut(served.tokenizer, gen.stop)
+    # ------------------------------------------------------------- one request
+    async def generate(self, request: HttpRequest, chat: bool):
+        self.authorize(request)
+        gen = parse_request(await self.read_json(request), self.served, chat)
+        handle = self.submit(gen)
+        rid, out = new_id(chat), TextOut(self.served.tokenizer, gen.stop)
         out.finish = None  # how the client's answer ended; counted by /metrics once it is sent
         if gen.stream:
-            return StreamingResponse(stream(gen, handle, rid, out), media_type="text/event-stream",
+            return StreamingResponse(self.stream(gen, handle, rid, out), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self.answer(request, gen, handle, rid, out)
+
+    def take(self, handle, out, event) -> tuple:
+        """One engine event -> (text that may be sent now, finish reason or None). A stop string
+        ends the request in the engine; a cancelled or failed one raises ApiError(503)."""
+        text = out.feed(event.tokens)
+        finish = "stop" if out.stopped else event.finish_reason
+        if out.stopped:
+            self.engine.cancel(handle, "stop")
+        if finish in ("cancelled", "error"):
+            raise ApiError(503, "the request was cancelled: the server is shutting down", kind="server_error",
+                           headers={"Retry-After": "1"})
+        return text, finish
+
+    async def answer(self, request: HttpRequest, gen, handle, rid, out):
+        """The whole reply as one JSON response (499 and cancelled if the client went away)."""
         try:
             while True:
                 try:
@@ -88,77 +106,79 @@ def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_
                     if await request.is_disconnected():
                         return Response(status_code=499)  # nobody reads it; finally cancels
                     continue
-                out.feed(event.tokens)
-                finish = "stop" if out.stopped else event.finish_reason
-                if out.stopped:
-                    engine.cancel(handle, "stop")
-                if finish in ("cancelled", "error"):
-                    raise ApiError(503, "the request was cancelled: the server is shutting down", kind="server_error",
-                                   headers={"Retry-After": "1"})
+                _, finish = self.take(handle, out, event)
                 if finish:
                     out.finish = finish
-                    return JSONResponse(response(gen, rid, served.name, out.text, finish, out.n_tokens))
+                    return JSONResponse(response(gen, rid, self.served.name, out.text, finish, out.n_tokens))
         finally:
-            ended(handle, out)
+            self.ended(handle, out)
 
-    async def stream(gen, handle, rid, out):
+    async def stream(self, gen, handle, rid, out):
+        """The reply as server-sent events: a chunk per piece of text, the finish, usage, [DONE]."""
+        name = self.served.name
         try:
             if gen.chat:
-                yield sse(chunk(gen, rid, served.name, None, None, first=True))
-            while True:
-                event = await handle.events.get()
-                text = out.feed(event.tokens)
-                finish = "stop" if out.stopped else event.finish_reason
-                if out.stopped:
-                    engine.cancel(handle, "stop")
-                if finish in ("cancelled", "error"):
-                    yield sse(ApiError(503, "the request was cancelled: the server is shutting down",
-                                       kind="server_error").body())
+                yield sse(chunk(gen, rid, name, None, None, first=True))
+            finish = None
+            while not finish:
+                try:
+                    text, finish = self.take(handle, out, await handle.events.get())
+                except ApiError as e:
+                    yield sse(e.body())
                     return
-                if finish:
-                    text += out.rest()
+                text += out.rest() if finish else ""
                 if text:
-                    yield sse(chunk(gen, rid, served.name, text, None))
-                if finish:
-                    yield sse(chunk(gen, rid, served.name, None, finish))
-                    if gen.include_usage:
-                        yield sse(usage_chunk(gen, rid, served.name, out.n_tokens))
-                    yield "data: [DONE]\n\n"
-                    out.finish = finish
-                    return
+                    yield sse(chunk(gen, rid, name, text, None))
+            yield sse(chunk(gen, rid, name, None, finish))
+            if gen.include_usage:
+                yield sse(usage_chunk(gen, rid, name, out.n_tokens))
+            yield "data: [DONE]\n\n"
+            out.finish = finish
         finally:  # also when the client went away (the task is cancelled or the generator closed)
-            ended(handle, out)
+            self.ended(handle, out)
 
-    def ended(handle, out) -> None:
-        engine.cancel(handle)  # no-op when it finished in the engine
-        engine.metrics.requests.labels(out.finish or "cancelled").inc()
+    def ended(self, handle, out) -> None:
+        self.engine.cancel(handle)  # no-op when it finished in the engine
+        self.engine.metrics.requests.labels(out.finish or "cancelled").inc()
 
-    async def completions(request):
-        return await generate(request, chat=False)
+    # ------------------------------------------------------------- routes
+    async def completions(self, request):
+        return await self.generate(request, chat=False)
 
-    async def chat_completions(request):
-        return await generate(request, chat=True)
+    async def chat_completions(self, request):
+        return await self.generate(request, chat=True)
 
-    async def models(request):
-        authorize(request)
+    async def models(self, request):
+        self.authorize(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": served.name, "object": "model", "created": 0, "owned_by": "tinydecoder",
-             "max_model_len": served.max_context}]})
+            {"id": self.served.name, "object": "model", "created": 0, "owned_by": "tinydecoder",
+             "max_model_len": self.served.max_context}]})
 
-    async def health(request):
-        if not engine.alive:
-            return JSONResponse({"status": "error", "engine": repr(engine.error)}, status_code=503)
-        return JSONResponse({"status": "ok", "model": served.name})
+    async def health(self, request):
+        if not self.engine.alive:
+            return JSONResponse({"status": "error", "engine": repr(self.engine.error)}, status_code=503)
+        return JSONResponse({"status": "ok", "model": self.served.name})
 
-    async def metrics(request):
-        return Response(engine.metrics.text(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, request):
+        return Response(self.engine.metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
-    async def api_error(request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
-    async def http_error(request, exc: HTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind=kind).body(), status_code=exc.status_code)
+async def api_error(request, exc: ApiError):
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def http_error(request, exc: HTTPException):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(ApiError(exc.status_code, str(exc.detail), kind=kind).body(), status_code=exc.status_code)
+
+
+def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               **engine_options) -> Starlette:
+    """The app for `served` (a models.ServedModel). engine_options go to EngineLoop
+    (kv_blocks, max_batch, token_budget, chunk_size, max_waiting). The engine thread starts and
+    stops with the app's lifespan; `app.state.engine` is the EngineLoop."""
+    engine = EngineLoop(served, **engine_options)
+    api = Api(served, engine, api_key, max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -169,11 +189,11 @@ def create_app(served, *, api_key: str | None = None, max_body_bytes: int = MAX_
             engine.stop()
 
     app = Starlette(routes=[
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
     ], exception_handlers={ApiError: api_error, HTTPException: http_error}, lifespan=lifespan)
     app.state.engine, app.state.served = engine, served
     return app

@@ -185,7 +185,8 @@ class EngineLoop:
             h.sent += len(new)
             m.generated_tokens.inc(len(new))
             if result.finished:
-                reason = "length" if len(result.tokens) >= h.request.max_new_tokens else "stop"
+                ended = result.tokens[-1] in self.engine.stop_tokens  # an end token on the last allowed step
+                reason = "length" if len(result.tokens) >= h.request.max_new_tokens and not ended else "stop"
                 if h.sent > 1:
                     m.tpot.observe((now - h.first_token) / (h.sent - 1))
                 self._finish(h, reason, new)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODEL_NAMES = ("smollm2", "toy")
+from ..checkpoint.registry import MODEL_NAMES, open_model
 
 
 class ToyTokenizer:
@@ -59,15 +59,11 @@ class ServedModel:
 
 def served_model(name: str) -> ServedModel:
     """Load the model the server will serve: "smollm2" (SmolLM2-135M-Instruct, float32,
-    memory-mapped) or "toy" (the seed's decoder, 64 positions, ids as text)."""
-    if name == "smollm2":
-        from ..checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
-
-        tok = smollm2_tokenizer()
-        return ServedModel("smollm2", load_smollm2(), tok, tok.eos_id, 16)
-    if name == "toy":
-        from ..core.toy import toy_model
-
-        model = toy_model()
-        return ServedModel("toy", model, ToyTokenizer(model.config.vocab_size), None, 4)
-    raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
+    memory-mapped) or "toy" (the seed's decoder, 64 positions, ids as text); the name is
+    checkpoint.registry's."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
+    chosen = open_model(name)
+    if chosen.has_text:
+        return ServedModel(name, chosen.model, chosen.tokenizer, chosen.tokenizer.eos_id, 16)
+    return ServedModel(name, chosen.model, ToyTokenizer(chosen.model.config.vocab_size), None, 4)

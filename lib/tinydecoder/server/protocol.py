@@ -5,7 +5,8 @@ an OpenAI-style error body {"error": {"message", "type", "param", "code"}}.
 Fields (both endpoints): model, max_tokens (chat also max_completion_tokens), temperature
 (default 1, 0 = greedy), top_p, top_k, min_p, seed, stop (a string or up to 4), stream,
 stream_options.include_usage, n (1 only), repetition_penalty, frequency_penalty,
-presence_penalty, logit_bias. /v1/completions takes `prompt` (text or token ids);
+presence_penalty, logit_bias, response_format (formats.py: text, json_object, json_schema).
+/v1/completions takes `prompt` (text or token ids);
 /v1/chat/completions takes `messages` and writes them with the model's chat template.
 Unknown fields are ignored, as OpenAI-compatible servers do."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ from numbers import Integral, Real
 from ..decoding import processors as P
 from ..decoding.sampling import make_sampler
 from ..serving.requests import Request
+from .formats import FormatError, format_processor
 
 MAX_STOP = 4
 
@@ -122,6 +124,33 @@ def _prompt_ids(body, served) -> list:
     return ids
 
 
+def _processors(body, served) -> list:
+    """The logits processors the body asks for: response_format's grammar, penalties, min_p, logit_bias
+    (a token the grammar masked stays at -inf whatever comes after it)."""
+    try:  # the grammar first: min_p then keeps tokens near the best *allowed* one (never none at all)
+        grammar = format_processor(body, served)
+    except FormatError as e:
+        raise ApiError(400, str(e), e.param) from None
+    procs = [] if grammar is None else [grammar]
+    for name, cls, low, high in (("repetition_penalty", P.RepetitionPenalty, 0, None),
+                                 ("frequency_penalty", P.FrequencyPenalty, -2, 2),
+                                 ("presence_penalty", P.PresencePenalty, -2, 2), ("min_p", P.MinP, 0, 1)):
+        v = _number(body, name, low, high, low_open=name == "repetition_penalty")
+        if v is not None:
+            procs.append(cls(v))
+    bias = body.get("logit_bias")
+    if bias is not None:
+        vocab = served.model.config.vocab_size
+        try:
+            bias = {int(k): float(v) for k, v in bias.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise _bad("logit_bias", "must map token ids to numbers") from None
+        if any(not 0 <= k < vocab or not -100 <= v <= 100 for k, v in bias.items()):
+            raise _bad("logit_bias", f"token ids must be in 0..{vocab - 1} and biases in [-100, 100]")
+        procs.append(P.LogitBias(bias))
+    return procs
+
+
 def parse_request(body, served, chat: bool) -> Generation:
     """Check an OpenAI request body for `served` (a ServedModel); ApiError(400/404) if wrong."""
     if not isinstance(body, dict):
@@ -158,23 +187,7 @@ def parse_request(body, served, chat: bool) -> Generation:
     top_k = _integer(body, "top_k", 1)
     seed = _integer(body, "seed", 0)
     sampler = make_sampler(1.0 if temperature is None else temperature, top_k, top_p, seed)
-    procs = []
-    for name, cls, low, high in (("repetition_penalty", P.RepetitionPenalty, 0, None),
-                                 ("frequency_penalty", P.FrequencyPenalty, -2, 2),
-                                 ("presence_penalty", P.PresencePenalty, -2, 2), ("min_p", P.MinP, 0, 1)):
-        v = _number(body, name, low, high, low_open=name == "repetition_penalty")
-        if v is not None:
-            procs.append(cls(v))
-    bias = body.get("logit_bias")
-    if bias is not None:
-        vocab = served.model.config.vocab_size
-        try:
-            bias = {int(k): float(v) for k, v in bias.items()}
-        except (AttributeError, TypeError, ValueError):
-            raise _bad("logit_bias", "must map token ids to numbers") from None
-        if any(not 0 <= k < vocab or not -100 <= v <= 100 for k, v in bias.items()):
-            raise _bad("logit_bias", f"token ids must be in 0..{vocab - 1} and biases in [-100, 100]")
-        procs.append(P.LogitBias(bias))
+    procs = _processors(body, served)
     request = Request(ids, max_tokens, sampler=sampler, processors=tuple(procs))
     return Generation(chat, ids, request, _stop_strings(body), stream, bool(options.get("include_usage", False)))
 

@@ -216,7 +216,8 @@ class GenerateTrace:
         return logits
 
     def is_done(self, tokens, prompt_length) -> bool:
-        self._round(self.recorder.clock())
+        if self.forward_end is not None:  # a round ends once; asking again (a caller's should_stop) records nothing
+            self._round(self.recorder.clock())
         return False
 
     def _round(self, end) -> None:

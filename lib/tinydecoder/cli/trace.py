@@ -1,6 +1,7 @@
 """`generate --trace FILE` and `serve --trace FILE`: write a Chrome trace-event JSON of every
-request and engine step (serving.trace_events; open it in https://ui.perfetto.dev). Kept beside
-cli.py: the commands only call `trace_processors(args)` / `trace_options(args)`."""
+request and engine step (serving.trace_events; open it in https://ui.perfetto.dev). The two
+commands add the flag (`add_trace_argument`), run inside `open_trace(args)`, and hand the recorder
+on with `trace_processors(args)` / `trace_options(args)`."""
 from __future__ import annotations
 
 import sys
@@ -9,19 +10,10 @@ REFUSED = (("beams", "--beams"), ("speculative", "--speculative"), ("tensor_para
 
 
 def add_trace_argument(parser) -> None:
-    """Add --trace FILE to a command's parser (after its set_defaults(func=...)): its function
-    then runs with `args.trace_recorder` open, and the file is written when it returns or fails
-    (Ctrl-C included)."""
+    """Add --trace FILE to a command's parser; the command runs inside `open_trace(args)`."""
     parser.add_argument("--trace", metavar="FILE",
                         help="write a Chrome trace-event JSON of every request and step to FILE "
                              "(open it in ui.perfetto.dev or chrome://tracing)")
-    plain = parser.get_default("func")
-
-    def run(args):
-        with open_trace(args):
-            return plain(args)
-
-    parser.set_defaults(func=run)
 
 
 class open_trace:
@@ -40,7 +32,7 @@ class open_trace:
             if getattr(args, attr, None) not in (None, False):
                 raise ValueError(f"--trace records the engine's steps and one sequence's rounds; it does not "
                                  f"trace {flag}: drop one of them")
-        from .serving.trace_events import TraceRecorder
+        from ..serving.trace_events import TraceRecorder
 
         args.trace_recorder = TraceRecorder(path)
         args.trace_recorder.save()  # fails now, not after the run, if FILE cannot be written
@@ -63,7 +55,7 @@ def trace_processors(args) -> list:
     recorder = getattr(args, "trace_recorder", None)
     if recorder is None:
         return []
-    from .serving.trace_events import GenerateTrace
+    from ..serving.trace_events import GenerateTrace
 
     args.trace_generate = GenerateTrace(recorder)
     return [args.trace_generate]

@@ -4,25 +4,12 @@ from __future__ import annotations
 
 import json
 
-from .cli_args import positive_int_arg, toy_prompt
-from .cli_grammar import grammar_flags
+from .args import positive_int_arg
+from .grammar import finish_reason, grammar_flags
 
 
 def add_speculative_arguments(parser) -> None:
-    """Add `--speculative prompt-lookup|early-exit:L --draft-tokens K` to the `generate` parser
-    (after its set_defaults(func=...)): with them, the command runs `cli_generate`; without, the
-    parser's own function, unchanged."""
-    plain = parser.get_default("func")
-
-    def run(args):
-        if args.speculative is None:
-            if args.draft_tokens is not None:
-                raise ValueError("--draft-tokens needs --speculative prompt-lookup|early-exit:L")
-            return plain(args)
-        return cmd_speculative(args)
-
-    parser.set_defaults(func=run)
-
+    """Add `--speculative prompt-lookup|early-exit:L --draft-tokens K` to the `generate` parser."""
     parser.add_argument("--speculative", metavar="DRAFT",
                         help="speculative decoding with this draft: prompt-lookup, or early-exit:L (the "
                              "model's first L layers); --json then adds draft_tokens_proposed, "
@@ -31,11 +18,12 @@ def add_speculative_arguments(parser) -> None:
                         help="with --speculative: at most K guessed tokens per verification pass (default 4)")
 
 
-def cmd_speculative(args) -> int:
+def run_speculative(args) -> int:
     """The `generate` command with --speculative: the same output (and --json fields) as without."""
     import time
 
-    from .checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, TextGeneration
+    from ..checkpoint.registry import open_model
+    from ..checkpoint.smollm2 import TextGeneration
 
     if args.no_cache:
         raise ValueError("--speculative verifies guesses against the KV cache: drop --no-cache")
@@ -46,20 +34,9 @@ def cmd_speculative(args) -> int:
         raise ValueError(f"--speculative does not apply {', '.join(ignored)} (its verification keeps the model's own "
                          "distribution): drop " + ("it" if len(ignored) == 1 else "them"))
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    if args.model == "toy":
-        from .core.toy import toy_model
-
-        prompt = toy_prompt(args)
-        model, stop_tokens, piece_of = toy_model(), (), lambda token: f" {token}"
-    else:
-        from .checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
-
-        model, tok = load_smollm2(), smollm2_tokenizer()
-        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
-        if not prompt:
-            raise ValueError("the prompt is empty: give some text to continue")
-        stop_tokens, stream = (IM_END_ID, ENDOFTEXT_ID), tok.stream()
-        piece_of = lambda token: "" if token in stop_tokens else stream.step(token)
+    chosen = open_model(args.model)
+    prompt = chosen.encode(args.prompt, args.chat)
+    model, stop_tokens, piece_of = chosen.model, chosen.stop_tokens, chosen.piece_writer()
     pieces, times = [], []
 
     def on_token(token):
@@ -68,7 +45,7 @@ def cmd_speculative(args) -> int:
         if not args.json:
             print(pieces[-1], end="", flush=True)
 
-    from .decoding.speculative import speculative_generate
+    from ..decoding.speculative import speculative_generate
 
     start = time.perf_counter()
     spec = speculative_generate(model, prompt, args.max_new_tokens, args.speculative,
@@ -79,9 +56,10 @@ def cmd_speculative(args) -> int:
     result = TextGeneration(list(prompt), list(new), text, times[0] - start, times[-1] - times[0],
                             spec.cache.nbytes, stopped=bool(new) and new[-1] in stop_tokens)
     if args.json:
-        out = result.to_dict() | {k: v for k, v in spec.to_dict().items()
-                                  if k in ("draft", "draft_tokens", "draft_tokens_proposed", "draft_tokens_accepted",
-                                           "target_forward_calls", "accepted_per_step")}
+        ended = {"finish_reason": finish_reason(result.stopped, len(new), args.max_new_tokens)}
+        out = result.to_dict() | ended | {k: v for k, v in spec.to_dict().items()
+                                          if k in ("draft", "draft_tokens", "draft_tokens_proposed",
+                                                   "draft_tokens_accepted", "target_forward_calls", "accepted_per_step")}
         print(json.dumps(out, indent=2))
     else:
         print()

