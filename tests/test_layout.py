@@ -142,3 +142,15 @@ def test_the_fast_path_has_its_compiled_room():
     """The numba kernels sit in fast/compiled/, each named for what it computes, beside the JIT."""
     names = {p.stem for p in (PACKAGE / "fast" / "compiled").glob("*.py")}
     assert {"jit", "few_rows", "tiles", "few_queries", "prefill_attention", "vexp", "llvm"} <= names
+
+
+MAX_FUNCTION_LINES = 80
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[module_name(p) for p in MODULES])
+def test_no_function_is_too_long(path):
+    """A function a reader can hold on one screen: none past MAX_FUNCTION_LINES lines."""
+    tree = ast.parse(path.read_text())
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{module_name(path)}: {', '.join(long)}; split them (the limit is {MAX_FUNCTION_LINES})"

@@ -21,9 +21,11 @@ import math
 
 import numpy as np
 
+from ..core.validate import is_int
+
 
 def _check_int(name, value, minimum=None):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.cache import check_made_for, common_length
 from ..core.config import Config
+from ..core.validate import is_int
 
 ALLOWED_BITS = (2, 4, 8)
 AXES = ("channel", "token")
@@ -81,7 +82,7 @@ def unpack(packed, bits: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- checks
 
 def check_bits(bits) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or int(bits) not in ALLOWED_BITS:
+    if not is_int(bits) or int(bits) not in ALLOWED_BITS:
         raise ValueError(f"bits must be one of {ALLOWED_BITS} (codes per byte: 8 // bits), got {bits!r}")
     return int(bits)
 
@@ -94,7 +95,7 @@ def check_axis(name: str, axis) -> str:
 
 
 def check_group_size(group_size, head_dim: int, axes) -> int:
-    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
+    if not is_int(group_size) or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     if "token" in axes and head_dim % group_size:
         raise ValueError(f"group_size {group_size} must divide the head dim {head_dim} when an axis is "

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.ops import softmax, swiglu
+from ..core.validate import is_int, is_real
 
 GATINGS = ("softmax", "unit")
 
@@ -59,7 +60,7 @@ class Expert:
 # ----------------------------------------------------------------------------- checks
 
 def check_n_experts(n_experts, n_units: int | None = None) -> int:
-    if isinstance(n_experts, bool) or not isinstance(n_experts, (int, np.integer)):
+    if not is_int(n_experts):
         raise TypeError(f"n_experts must be an int, got {type(n_experts).__name__}")
     if n_experts < 1:
         raise ValueError(f"n_experts must be >= 1, got {n_experts}")
@@ -69,7 +70,7 @@ def check_n_experts(n_experts, n_units: int | None = None) -> int:
 
 
 def check_k(k, n_experts: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+    if not is_int(k):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
     if not 1 <= k <= n_experts:
         raise ValueError(f"k (experts per token) must be in 1..{n_experts}, got {k}")
@@ -145,7 +146,7 @@ def top_k_gating(router_logits, k: int, gating: str = "softmax"):
 
 def expert_capacity(n_tokens: int, k: int, n_experts: int, capacity_factor: float) -> int:
     """ceil(factor * T * k / E): the assignments one expert takes per batch."""
-    if not isinstance(capacity_factor, (int, float, np.floating)) or isinstance(capacity_factor, bool):
+    if not is_real(capacity_factor):
         raise TypeError(f"capacity_factor must be a number, got {type(capacity_factor).__name__}")
     if not capacity_factor > 0:
         raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")

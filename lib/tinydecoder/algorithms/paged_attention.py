@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from ..core.ops import heads_per_kv
+from ..core.validate import is_int
 from .flash import online_update
 
 
@@ -32,7 +33,7 @@ def paged_attention(q, pool_k, pool_v, block_table, length: int):
     S, Hq, d = q.shape
     n_blocks, B, Hkv, _ = pool_k.shape
     n_rep = heads_per_kv(Hq, Hkv)
-    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not S <= length:
+    if not is_int(length) or not S <= length:
         raise ValueError(f"length must be an integer >= the {S} queries, got {length!r}")
     table = [int(b) for b in block_table]
     used = -(-int(length) // B)

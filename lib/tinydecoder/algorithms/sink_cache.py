@@ -18,12 +18,12 @@ import numpy as np
 from .. import fast
 from ..core.cache import HeldBytes, check_made_for, common_length
 from ..core.config import Config
-from ..core.validate import check_token_ids
+from ..core.validate import check_token_ids, is_int
 from ..fast.rope_tables import rope_tables, rotate_with_tables
 
 
 def _count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 

@@ -32,6 +32,13 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
+def limit(name: str, value) -> int | None:
+    """A limit that may be off: None (no limit), or `value` as an int >= 1 (a ValueError naming `name`)."""
+    if value is not None and not (is_int(value) and value >= 1):
+        raise ValueError(f"{name} must be an integer >= 1 or None (no limit), got {value!r}")
+    return None if value is None else int(value)
+
+
 def number_at_least(name: str, value, low: float = 0.0, *, strict: bool = False) -> float:
     """`value` as a float; a ValueError unless it is a real number >= low (> low if strict)."""
     if not is_real(value) or value != value or (value <= low if strict else value < low):

@@ -18,13 +18,12 @@ are read once per step for the whole beam, as in a batch of requests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from numbers import Integral, Real
 
 import numpy as np
 
 from ..core.model import Model
 from ..core.reference import forward
-from ..core.validate import check_context, check_token_ids
+from ..core.validate import check_context, check_token_ids, is_int, is_real
 from ..fast import forward_batch
 from .processors import apply_processors, check_processors, should_stop, start_processors
 from .sampling import best_tokens
@@ -79,11 +78,11 @@ def reorder_caches(caches, parents, extra: int = 0) -> list:
 
 
 def _check_args(beams, max_new_tokens, length_penalty, stop_tokens):
-    if isinstance(beams, bool) or not isinstance(beams, Integral) or beams < 1:
+    if not is_int(beams) or beams < 1:
         raise ValueError(f"beams must be an integer >= 1 (1 = greedy), got {beams!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 1:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, Real) or not np.isfinite(length_penalty):
+    if not is_real(length_penalty) or not np.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number (1 = mean log-prob, 0 = plain sum), "
                          f"got {length_penalty!r}")
     return {int(t) for t in stop_tokens}

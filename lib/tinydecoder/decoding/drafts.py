@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import fast
 from ..core.model import Model
+from ..core.validate import is_int
 
 
 class PromptLookupDraft:
@@ -34,7 +35,7 @@ class PromptLookupDraft:
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1, per_matched_token: int = 2):
         for name, value in (("vocab_size", vocab_size), ("max_ngram", max_ngram), ("min_ngram", min_ngram),
                             ("per_matched_token", per_matched_token)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"PromptLookupDraft: {name} must be an integer >= 1, got {value!r}")
         if min_ngram > max_ngram:
             raise ValueError(f"PromptLookupDraft: min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram})")
@@ -72,7 +73,7 @@ def early_exit_model(model: Model, n_layers: int) -> Model:
     """The first `n_layers` blocks of `model`, then its final norm and output head: a Model that
     shares every weight array with `model` (views, no copies), for L in 1..n_layers-1."""
     total = model.config.n_layers
-    if isinstance(n_layers, bool) or not isinstance(n_layers, (int, np.integer)) or not 1 <= n_layers <= total - 1:
+    if not is_int(n_layers) or not 1 <= n_layers <= total - 1:
         raise ValueError(f"early exit after {n_layers!r} layers is not possible: L must be an integer in "
                          f"1..{total - 1} (this model has n_layers={total}; L={total} is the model itself)")
     cfg = dataclasses.replace(model.config, n_layers=int(n_layers), name=f"{model.config.name}[:{n_layers}]")

@@ -36,6 +36,7 @@ from numbers import Integral
 
 import numpy as np
 
+from ..core.validate import is_int
 from .sampling import check_logits
 
 _LL_TOKENIZERS: dict = {}  # (id of the tokenizers.Tokenizer, end tokens) -> (that object, LLTokenizer)
@@ -62,7 +63,7 @@ def ll_tokenizer(tokenizer, end_tokens=None):
             raise ValueError("this tokenizer names no end-of-sequence id: pass end_tokens=[ids]")
         end_tokens = [tokenizer.eos_id]
     end_tokens = [end_tokens] if isinstance(end_tokens, Integral) else list(end_tokens)
-    if not end_tokens or not all(isinstance(t, Integral) and not isinstance(t, bool) and 0 <= t < vocab
+    if not end_tokens or not all(is_int(t) and 0 <= t < vocab
                                  for t in end_tokens):
         raise ValueError(f"end_tokens must be one or more token ids in 0..{vocab - 1}, got {end_tokens!r}")
     end_tokens = tuple(int(t) for t in end_tokens)

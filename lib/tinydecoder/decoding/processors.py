@@ -25,15 +25,15 @@ Rules, hand-checkable:
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 
 import numpy as np
 
+from ..core.validate import is_int, is_real
 from .sampling import check_logits, probabilities
 
 
 def _number(name: str, value, allowed: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+    if not is_real(value) or not math.isfinite(float(value)):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return float(value)
 
@@ -119,9 +119,9 @@ class LogitBias:
         if not isinstance(bias, dict) or not bias:
             raise ValueError(f"logit bias must be a non-empty dict {{token id: bias}}, got {bias!r}")
         for i, b in bias.items():
-            if isinstance(i, bool) or not isinstance(i, Integral) or i < 0:
+            if not is_int(i) or i < 0:
                 raise ValueError(f"logit bias keys must be token ids (integers >= 0), got {i!r}")
-            if isinstance(b, bool) or not isinstance(b, Real) or math.isnan(b) or b == math.inf:
+            if not is_real(b) or math.isnan(b) or b == math.inf:
                 raise ValueError(f"the bias of token {i} must be a finite number or -inf (ban), got {b!r}")
         self.ids = np.array(sorted(bias), dtype=np.int64)
         self.values = np.array([float(bias[i]) for i in sorted(bias)])
@@ -178,7 +178,7 @@ class MaxLength:
     """Stop once the context (prompt + generated) holds `max_length` tokens."""
 
     def __init__(self, max_length):
-        if isinstance(max_length, bool) or not isinstance(max_length, Integral) or max_length < 1:
+        if not is_int(max_length) or max_length < 1:
             raise ValueError(f"max_length must be an integer >= 1 (prompt + new tokens), got {max_length!r}")
         self.max_length = int(max_length)
 

@@ -21,27 +21,27 @@ Rules, in one place:
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 
 import numpy as np
 
 from ..core.ops import softmax
+from ..core.validate import is_int, is_real
 
 
 def check_sampling_params(temperature=None, top_k=None, top_p=None) -> None:
     """Raise ValueError/TypeError naming the bad parameter and what is allowed."""
     if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, Real):
+        if not is_real(temperature):
             raise TypeError(f"temperature must be a number >= 0 (or None for greedy), got {temperature!r}")
         if not math.isfinite(float(temperature)) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 or None = greedy), got {temperature!r}")
     if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, Integral):
+        if not is_int(top_k):
             raise TypeError(f"top_k must be an integer >= 1 (or None for no top-k), got {top_k!r}")
         if top_k < 1:
             raise ValueError(f"top_k must be an integer >= 1 (or None for no top-k), got {top_k!r}")
     if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, Real):
+        if not is_real(top_p):
             raise TypeError(f"top_p must be a number in (0, 1] (or None for no top-p), got {top_p!r}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] (or None for no top-p), got {top_p!r}")
@@ -200,7 +200,7 @@ class Sampler:
     def __init__(self, temperature=None, top_k=None, top_p=None, seed=None):
         check_sampling_params(temperature, top_k, top_p)
         if seed is not None and not isinstance(seed, np.random.Generator) and (
-                isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0):
+                not is_int(seed) or seed < 0):
             raise ValueError(f"seed must be an integer >= 0, a numpy Generator, or None, got {seed!r}")
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
         self.greedy = is_greedy(temperature, top_k, top_p)

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import fast
 from ..core.model import Model
-from ..core.validate import check_context, check_token_ids
+from ..core.validate import check_context, check_token_ids, is_int
 from .drafts import make_draft
 from .sampling import Sampler, draw, greedy, is_greedy, sampling_distribution
 
@@ -229,7 +229,7 @@ def verify(logits, proposed: list, q, policy: Policy) -> tuple:
 
 
 def _check_count(name: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+    if not is_int(value) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(value)
 

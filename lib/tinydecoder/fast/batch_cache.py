@@ -12,6 +12,7 @@ import numpy as np
 
 from ..core.cache import KVCache, check_made_for, common_length
 from ..core.config import Config
+from ..core.validate import is_int
 
 
 class BatchKVCache:
@@ -22,7 +23,7 @@ class BatchKVCache:
     call must feed each sequence the same number of new tokens."""
 
     def __init__(self, config: Config, dtype=np.float32, batch: int = 1, capacity: int = 16):
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        if not is_int(batch) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.config, self.dtype, self.batch = config, np.dtype(dtype), int(batch)
         capacity = max(1, min(int(capacity), config.max_context))

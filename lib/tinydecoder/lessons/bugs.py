@@ -17,7 +17,7 @@ from ..core.kernels import Kernels
 from ..core.model import Model
 from ..core.ops import attention, rmsnorm
 from ..core.reference import decoder_block, embed_tokens, forward
-from ..core.validate import check_token_ids
+from ..core.validate import check_token_ids, is_int
 from ..decoding.sampling import greedy
 
 BUGS = {
@@ -79,7 +79,7 @@ def run_with_bug(model: Model, prompt, max_new_tokens: int, bug: str = "none") -
     """The cached greedy loop (prefill, then one token a round) with `bug` switched on."""
     if bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r}; choose one of {list(BUGS)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     tokens = [int(t) for t in check_token_ids(model.config, prompt)]
     run = BugRun(bug, list(tokens), len(tokens))

@@ -14,12 +14,12 @@ import numpy as np
 from ..core.config import Config
 from ..core.model import Model
 from ..core.reference import decoder_block, layer_input
-from ..core.validate import layer_index
+from ..core.validate import is_int, layer_index
 
 
 def divisors(n: int) -> list:
     """The KV-head counts a model with n query heads can have: the divisors of n."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"the number of query heads must be a positive integer, got {n!r}")
     return [k for k in range(1, int(n) + 1) if n % k == 0]
 

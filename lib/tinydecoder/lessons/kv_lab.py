@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from ..core.validate import is_int
+
 
 def chunked_log_probs(model, token_ids, cache=None, prefix: int = 32, chunk: int = 32) -> np.ndarray:
     """log p(token_ids[i] | token_ids[:i]) for i = prefix .. N-1, float64 [N - prefix], run
@@ -23,7 +25,7 @@ def chunked_log_probs(model, token_ids, cache=None, prefix: int = 32, chunk: int
     ids = check_token_ids(model.config, token_ids)
     if not 1 <= prefix < len(ids):
         raise ValueError(f"prefix must be in 1..{len(ids) - 1} (tokens before the first scored one), got {prefix}")
-    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+    if not is_int(chunk) or chunk < 1:
         raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
     cache = model.new_cache(len(ids)) if cache is None else cache
     if len(cache):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.ops import apply_rope, causal_mask, softmax
+from ..core.validate import is_int
 
 DEEPSEEK_V2 = {"n_heads": 128, "head_dim": 128, "d_latent": 512, "d_rope": 64, "n_layers": 60}
 """DeepSeek-V2's attention shapes (paper, section 2.1 and Table 1): n_h, d_h, d_c = 4 d_h,
@@ -59,7 +60,7 @@ def random_mla(d_model=32, n_heads=4, head_dim=8, d_latent=16, d_rope=4, seed=0,
     """An MLA layer with random weights (scaled 1/sqrt(fan-in))."""
     for name, value in {"d_model": d_model, "n_heads": n_heads, "head_dim": head_dim,
                         "d_latent": d_latent, "d_rope": d_rope}.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if d_rope % 2:
         raise ValueError(f"RoPE rotates pairs, so d_rope must be even, got {d_rope}")

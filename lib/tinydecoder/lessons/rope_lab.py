@@ -13,7 +13,7 @@ from ..core.model import Model
 from ..core.ops import apply_rope, rmsnorm, rope_angles
 from ..core.reference import decoder_block, embed_tokens, forward
 from ..core.rope import layout_permutation, permute_head_columns, rope_pairs, with_layout  # noqa: F401
-from ..core.validate import check_token_ids
+from ..core.validate import check_token_ids, is_int
 
 
 def rotate_vector(vector, position, base=10000.0, layout="halves") -> np.ndarray:
@@ -49,7 +49,7 @@ def pair_view(q, k, pos_q, pos_k, base=10000.0, layout="halves") -> dict:
         raise ValueError(f"q and k must be vectors of one length, got shapes {q.shape} and {k.shape}")
     pairs = rope_pairs(len(q), layout)  # [d/2, 2]
     for name, pos in (("pos_q", pos_q), ("pos_k", pos_k)):
-        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or pos < 0:
+        if not is_int(pos) or pos < 0:
             raise ValueError(f"{name} must be an integer position >= 0, got {pos!r}")
     q_rot, k_rot = rotate_vector(q, pos_q, base, layout), rotate_vector(k, pos_k, base, layout)
     cos_q, sin_q = rope_angles([pos_q], len(q), base)

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import fast
 from ..core.model import Model
+from ..core.validate import is_int
 from ..decoding.speculative import expected_tokens_per_step
 
 
@@ -134,7 +135,7 @@ def greedy_rounding(model: Model, tokens, prompt_length: int, rows: int = 5) -> 
     tokens = [int(t) for t in tokens]
     if not 1 <= prompt_length < len(tokens):
         raise ValueError(f"prompt_length must be in 1..{len(tokens) - 1}, got {prompt_length}")
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 2:
+    if not is_int(rows) or rows < 2:
         raise ValueError(f"rows must be an integer >= 2 (a pass over several rows), got {rows!r}")
     one = model.new_cache(len(tokens))
     single = [fast.forward(model, tokens[:prompt_length], one, last_only=True)[-1]]

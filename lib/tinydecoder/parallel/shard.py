@@ -31,6 +31,7 @@ import numpy as np
 
 from ..core.config import Config
 from ..core.model import Model
+from ..core.validate import is_int
 
 
 def divided_shapes(config: Config) -> dict:
@@ -46,7 +47,7 @@ def allowed_degrees(config: Config) -> list:
 
 def check_degree(config: Config, tp) -> int:
     """tp as an int; a ValueError naming what it does not divide and the degrees allowed."""
-    if not isinstance(tp, (int, np.integer)) or isinstance(tp, bool):
+    if not is_int(tp):
         raise TypeError(f"the tensor-parallel degree must be an integer, got {type(tp).__name__}")
     if tp < 1:
         raise ValueError(f"the tensor-parallel degree must be >= 1, got {tp}")

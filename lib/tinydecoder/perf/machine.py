@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from .. import fast
+from ..core.validate import is_int
 from ..fast import tunables
 from ..fast.compiled import jit
 
@@ -41,7 +42,7 @@ def run_times(fn, repeat: int = 5, warmup: int = 1, after=None, before=None) -> 
     """Wall times (seconds) of `repeat` calls of fn(), after `warmup` untimed calls; `after()`
     (untimed) runs after every call, e.g. to truncate a cache back, and `before()` (untimed)
     before every call."""
-    if isinstance(repeat, bool) or not isinstance(repeat, (int, np.integer)) or repeat < 1:
+    if not is_int(repeat) or repeat < 1:
         raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
     times = []
     for i in range(warmup + repeat):
@@ -204,7 +205,7 @@ def gemm_times(k: int, n: int, rows=(1, 2, 3, 4, 8, 16, 32), repeat: int = 5) ->
     4-7 rows padded to 8), each after the machine settled (`settle`). weights_gbps: W's bytes /
     seconds, the rate the weights stream at.
     -> [{"rows", "plain_seconds", "project_seconds", "plain_weights_gbps", "project_weights_gbps"}]."""
-    if any(isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1 for m in rows):
+    if any(not is_int(m) or m < 1 for m in rows):
         raise ValueError(f"rows must be integers >= 1, got {rows!r}")
     w = np.full((k, n), 0.5, dtype=np.float32, order="F")  # [k, n] out-major, every page touched
     out = []

@@ -7,7 +7,7 @@ applied between steps, so requests join and leave the batch only there.
 
     loop = EngineLoop(served, kv_blocks=256, max_batch=16); loop.start()
     handle = loop.submit(Request(ids, 32), asyncio_loop)   # QueueFullError when too many wait
-    await handle.events.get()   # Event(tokens=[...], finish_reason=None | "stop" | "length" | "cancelled")
+    await handle.events.get()   # StreamEvent(tokens=[...], finish_reason=None | "stop" | "length" | "cancelled")
     loop.stop()                 # cancels what is left, joins the thread (bounded)
 """
 from __future__ import annotations
@@ -28,7 +28,9 @@ class QueueFullError(RuntimeError):
 
 
 @dataclass
-class Event:
+class StreamEvent:
+    """What a request's stream receives from the engine: new tokens, and how it ended."""
+
     tokens: list  # new token ids since the last event
     finish_reason: str | None = None  # None while running; "stop", "length" or "cancelled" at the end
     preempted: bool = False
@@ -46,7 +48,7 @@ class Handle:
     preemptions: int = 0
     done: bool = False
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: StreamEvent) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
@@ -191,12 +193,12 @@ class EngineLoop:
                     m.tpot.observe((now - h.first_token) / (h.sent - 1))
                 self._finish(h, reason, new)
             else:
-                h.deliver(Event(new))
+                h.deliver(StreamEvent(new))
         self._publish()
 
     def _finish(self, h: Handle, reason: str, tokens=()) -> None:
         h.done = True
-        h.deliver(Event(list(tokens), reason))
+        h.deliver(StreamEvent(list(tokens), reason))
         self._live.pop(h.index, None)
         if h.index is not None:
             self.engine.forget(h.index)

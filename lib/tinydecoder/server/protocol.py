@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from numbers import Integral, Real
 
+from ..core.validate import is_int, is_real
 from ..decoding import processors as P
 from ..decoding.sampling import make_sampler
 from ..serving.requests import Request
@@ -42,7 +42,7 @@ def _number(body, name, low=None, high=None, low_open=False):
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, Real):
+    if not is_real(v):
         raise _bad(name, f"must be a number, got {type(v).__name__}")
     if (low is not None and (v < low or (low_open and v == low))) or (high is not None and v > high):
         rng = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}]"
@@ -54,7 +54,7 @@ def _integer(body, name, low=None):
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, Integral):
+    if not is_int(v):
         raise _bad(name, f"must be an integer, got {type(v).__name__}")
     if low is not None and v < low:
         raise _bad(name, f"must be an integer >= {low}, got {v}")
@@ -62,7 +62,7 @@ def _integer(body, name, low=None):
 
 
 @dataclass
-class Generation:
+class ApiRequest:
     """A checked request: what the engine runs and how the answer is written back."""
 
     chat: bool
@@ -112,7 +112,7 @@ def _prompt_ids(body, served) -> list:
             ids = served.tokenizer.encode(prompt)
         except ValueError as e:
             raise _bad("prompt", str(e)) from None
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif isinstance(prompt, list) and all(is_int(t) for t in prompt):
         vocab = served.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise _bad("prompt", f"token ids must be in 0..{vocab - 1}")
@@ -151,7 +151,7 @@ def _processors(body, served) -> list:
     return procs
 
 
-def parse_request(body, served, chat: bool) -> Generation:
+def parse_request(body, served, chat: bool) -> ApiRequest:
     """Check an OpenAI request body for `served` (a ServedModel); ApiError(400/404) if wrong."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
@@ -189,7 +189,7 @@ def parse_request(body, served, chat: bool) -> Generation:
     sampler = make_sampler(1.0 if temperature is None else temperature, top_k, top_p, seed)
     procs = _processors(body, served)
     request = Request(ids, max_tokens, sampler=sampler, processors=tuple(procs))
-    return Generation(chat, ids, request, _stop_strings(body), stream, bool(options.get("include_usage", False)))
+    return ApiRequest(chat, ids, request, _stop_strings(body), stream, bool(options.get("include_usage", False)))
 
 
 # --------------------------------------------------------------------- responses
@@ -202,7 +202,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def response(gen: Generation, rid: str, model: str, text: str, finish: str, n_tokens: int) -> dict:
+def response(gen: ApiRequest, rid: str, model: str, text: str, finish: str, n_tokens: int) -> dict:
     created = int(time.time())
     if gen.chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
@@ -215,7 +215,7 @@ def response(gen: Generation, rid: str, model: str, text: str, finish: str, n_to
             "usage": usage(len(gen.prompt_ids), n_tokens)}
 
 
-def chunk(gen: Generation, rid: str, model: str, text: str | None, finish: str | None, first: bool = False) -> dict:
+def chunk(gen: ApiRequest, rid: str, model: str, text: str | None, finish: str | None, first: bool = False) -> dict:
     if gen.chat:
         delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -226,7 +226,7 @@ def chunk(gen: Generation, rid: str, model: str, text: str | None, finish: str |
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
 
 
-def usage_chunk(gen: Generation, rid: str, model: str, n_tokens: int) -> dict:
+def usage_chunk(gen: ApiRequest, rid: str, model: str, n_tokens: int) -> dict:
     obj = "chat.completion.chunk" if gen.chat else "text_completion"
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [],
             "usage": usage(len(gen.prompt_ids), n_tokens)}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.validate import positive_int
+from ..core.validate import is_int, positive_int
 from .blocks import PoolExhaustedError
 
 
@@ -79,7 +79,7 @@ class BlockAllocator:
     def grow(self, name, n_positions: int) -> list:
         """Make sequence `name` (new or known) cover n_positions positions; returns the blocks
         taken (possibly none)."""
-        if isinstance(n_positions, bool) or not isinstance(n_positions, (int, np.integer)) or n_positions < 0:
+        if not is_int(n_positions) or n_positions < 0:
             raise ValueError(f"n_positions must be an integer >= 0, got {n_positions!r}")
         table = self.tables.get(name, [])
         need = max(0, blocks_for(n_positions, self.block_size) - len(table))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.config import Config
-from ..core.validate import positive_int
+from ..core.validate import is_real, positive_int
 
 # Bytes per stored number. "fp8"/"int8": 8-bit KV caches; "q4": a 4-bit cache (half a byte).
 DTYPE_BYTES = {
@@ -87,7 +87,7 @@ def bytes_per_element(dtype) -> float:
 
 
 def _positive_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+    if not is_real(value) \
             or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return value
@@ -151,7 +151,7 @@ def _whole(x):
 
 
 def _check_budget(budget_bytes):
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float, np.integer, np.floating)) \
+    if not is_real(budget_bytes) \
             or not (math.isfinite(budget_bytes) and budget_bytes >= 0):
         raise ValueError(f"memory budget must be a number of bytes >= 0, got {budget_bytes!r}")
 

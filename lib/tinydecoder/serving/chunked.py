@@ -32,12 +32,12 @@ import numpy as np
 from .. import fast
 from ..core.model import Model
 from ..core.ops import causal_mask
-from ..core.validate import check_token_ids
+from ..core.validate import check_token_ids, is_int
 from ..decoding.generate import work_counts
 
 
 def _check_chunk_size(chunk_size) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+    if not is_int(chunk_size) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
     return int(chunk_size)
 
@@ -47,7 +47,7 @@ def chunk_spans(n_tokens: int, chunk_size: int, start: int = 0) -> list:
 
     Every chunk is full except perhaps the last: chunk_spans(5, 2) == [(0, 2), (2, 4), (4, 5)]."""
     chunk_size = _check_chunk_size(chunk_size)
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 0:
+    if not is_int(n_tokens) or n_tokens < 0:
         raise ValueError(f"n_tokens must be an integer >= 0, got {n_tokens!r}")
     if not 0 <= start <= n_tokens:
         raise ValueError(f"start must be in 0..{n_tokens} (the tokens to cut), got {start!r}")

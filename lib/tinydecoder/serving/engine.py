@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..core.model import Model
-from ..core.validate import check_token_ids, is_int
+from ..core.validate import check_token_ids, limit
 from ..decoding.processors import apply_processors
 from ..decoding.sampling import greedy
 from ..fast import forward_batch
@@ -47,12 +47,6 @@ class _Running:
         return self.fed == len(self.target)
 
 
-def check_limit(name, value):
-    if value is not None and not (is_int(value) and value >= 1):
-        raise ValueError(f"{name} must be an integer >= 1 or None (no limit), got {value!r}")
-    return None if value is None else int(value)
-
-
 class Engine:
     """Requests waiting and running, a KV backend, and `step()`: plan who runs (decodes first,
     then prefill chunks, then admissions in arrival order, under the token budget), run the
@@ -61,9 +55,9 @@ class Engine:
     def __init__(self, model: Model, *, backend=None, token_budget: int | None = 8, max_running: int | None = None,
                  chunk_size: int | None = None, policy: str = "decode_first", sampler=greedy, stop_tokens=(),
                  keep_logits: bool = True, trace=None):
-        self.token_budget = check_limit("token_budget", token_budget)
-        max_running = check_limit("max_running", max_running)
-        self.chunk_size = check_limit("chunk_size", chunk_size)
+        self.token_budget = limit("token_budget", token_budget)
+        max_running = limit("max_running", max_running)
+        self.chunk_size = limit("chunk_size", chunk_size)
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.max_running = self.token_budget if max_running is None else max_running

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.validate import is_int
+
 
 class CacheFullError(RuntimeError):
     """The tree cannot free enough tokens: the rest is locked by running requests."""
@@ -253,7 +255,7 @@ class RadixCache:
     def evict(self, n_tokens: int) -> EvictResult:
         """Remove least recently used unlocked leaves until at least n_tokens are freed (or
         nothing unlocked is left). A whole leaf goes, so it may free more than asked."""
-        if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 0:
+        if not is_int(n_tokens) or n_tokens < 0:
             raise ValueError(f"n_tokens must be an integer >= 0, got {n_tokens!r}")
         heap = [(n.last_access, n.node_id, n) for n in self.nodes() if n.is_leaf and n.lock_ref == 0]
         heapq.heapify(heap)
@@ -278,7 +280,7 @@ class RadixCache:
         little as needed to stay within capacity_tokens. Give them back with `release_room`
         (before inserting the finished sequence). Raises CacheFullError, evicting nothing,
         when even evicting every unlocked token would not do."""
-        if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 0:
+        if not is_int(n_tokens) or n_tokens < 0:
             raise ValueError(f"n_tokens must be an integer >= 0, got {n_tokens!r}")
         result = EvictResult(0, np.zeros(0, np.int64) if self.stores_values else None, 0)
         if self.capacity_tokens is not None:

@@ -47,9 +47,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.model import Model
+from ..core.validate import limit
 from ..decoding.sampling import greedy
 from .backends import ContiguousKV
-from .engine import POLICIES, Engine, check_limit
+from .engine import POLICIES, Engine
 from .requests import DECODE, PREFILL, EngineStep, Request, RequestResult, Work
 
 __all__ = ["DECODE", "PREFILL", "POLICIES", "Engine", "EngineStep", "Request", "RequestResult", "Schedule", "Work",
@@ -143,7 +144,7 @@ def run_schedule(model: Model, requests, *, token_budget: int | None = 8, max_ru
     trace:        a trace_events.TraceRecorder that records every request and step (None: off)
     """
     for name, value in (("token_budget", token_budget), ("max_running", max_running), ("chunk_size", chunk_size)):
-        check_limit(name, value)
+        limit(name, value)
     backend = ContiguousKV(model) if backend is None else backend
     engine = Engine(model, backend=backend, token_budget=token_budget, max_running=max_running,
                     chunk_size=chunk_size, policy=policy, sampler=sampler, stop_tokens=stop_tokens, trace=trace)

@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
+from ..core.validate import is_int
 from .common import MASK_COLOR, MASK_HATCH, MAX_TICKS, future_mask, heatmap, token_labels  # noqa: F401
 
 # ----------------------------------------------------------------------------- GQA and the KV cache
@@ -128,7 +129,7 @@ def head_grid(weights, row_labels=None, col_labels=None, *, ncols=3, log=False, 
     if w.ndim != 3:
         raise ValueError(f"head_grid needs weights [H, S, T], got shape {w.shape}")
     H, S, T = w.shape
-    if isinstance(ncols, bool) or not isinstance(ncols, (int, np.integer)) or ncols < 1:
+    if not is_int(ncols) or ncols < 1:
         raise ValueError(f"ncols must be a positive integer, got {ncols!r}")
     head_names = head_names or [f"head {h}" for h in range(H)]
     if len(head_names) != H:

@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
+from ..core.validate import is_int
 from .common import MASK_COLOR, MASK_HATCH, MAX_TICKS, heatmap  # noqa: F401
 
 # ----------------------------------------------------------------------------- 18: chunked prefill
@@ -212,7 +213,7 @@ def block_id_colors(n_blocks: int):
     unrelated colours (tab20, repeated past 20), because a block id is a name, not a size."""
     from matplotlib.colors import ListedColormap
 
-    if isinstance(n_blocks, bool) or not isinstance(n_blocks, (int, np.integer)) or n_blocks < 1:
+    if not is_int(n_blocks) or n_blocks < 1:
         raise ValueError(f"n_blocks must be an integer >= 1, got {n_blocks!r}")
     palette = plt.get_cmap("tab20").colors
     return ListedColormap([palette[i % len(palette)] for i in range(int(n_blocks))], name="block_ids")

@@ -9,6 +9,7 @@ import ipywidgets as W
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..core.validate import is_int
 from ..decoding.sampling import probabilities
 from .base import STYLE, panel
 
@@ -19,7 +20,7 @@ def grammar_steps(generation, grammar, piece, top: int = 5) -> list:
     "allowed" (tokens the mask leaves), "accepting" (the text so far is complete), "chosen" (the
     token taken), "candidates": the model's `top` most likely tokens before the mask, each
     (piece, probability, allowed). `piece(id) -> str` gives a token's text."""
-    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
+    if not is_int(top) or top < 1:
         raise ValueError(f"top must be an integer >= 1, got {top!r}")
     if not generation.events or generation.events[0].logits is None:
         raise ValueError("the generation kept no logits: run td.generate(..., keep_logits=True)")

@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..algorithms.sink_cache import kept_positions
+from ..core.validate import is_int
 from ..serving.capacity import bytes_per_request, sliding_window_kv_bytes
 from .base import STYLE, panel
 
@@ -16,7 +17,7 @@ COLORS = {"dense": "C0", "window only": "C3", "sinks + window": "C2"}
 def trailing_mean(values, width: int) -> np.ndarray:
     """Mean of the last `width` values up to each index (fewer at the start).  -> [N] float64"""
     x = np.asarray(values, dtype=np.float64)
-    if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:
+    if not is_int(width) or width < 1:
         raise ValueError(f"width must be an integer >= 1, got {width!r}")
     c = np.concatenate([[0.0], np.cumsum(x)])
     i = np.arange(1, len(x) + 1)

@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import viz
 from ..core.reference import LAYER_STEPS, decoder_block, layer_input  # noqa: F401 (notebooks use widgets.layer_input)
+from ..core.validate import is_int
 from .base import STYLE, panel, show  # noqa: F401
 
 # ----------------------------------------------------------------------------- 07: the cache, round by round
@@ -216,7 +217,7 @@ def attention_view(trace, config, layer, head="all", log_scale=False, *, seq=0, 
         raise ValueError(f"the trace has {weights.shape[0]} heads but the config {config.n_heads}")
     if head == "all":
         heads = list(range(config.n_heads))
-    elif isinstance(head, (int, np.integer)) and not isinstance(head, bool) and 0 <= head < config.n_heads:
+    elif is_int(head) and 0 <= head < config.n_heads:
         heads = [int(head)]
     else:
         raise ValueError(f"head must be 'all' or a query head in 0..{config.n_heads - 1}, got {head!r}")

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import fast
+from ..core.validate import is_int
 from .base import STYLE, panel
 
 COLORS = {"accepted": "#2e7d32", "rejected": "#c62828", "target": "#1565c0", "context": "#757575"}
@@ -22,7 +23,7 @@ def step_view(result, step: int) -> dict:
     ("bonus": every guess kept, then one more; "correction": the target's token replaced the first
     rejected guess; "plain": nothing was guessed), "new_before" (tokens generated before it),
     "calls" (target forward passes so far, the prefill included)}."""
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 1 <= step <= len(result.steps):
+    if not is_int(step) or not 1 <= step <= len(result.steps):
         raise ValueError(f"step must be an integer in 1..{len(result.steps)} (the verification passes run), got {step!r}")
     s = result.steps[step - 1]
     before = result.prompt_length + 1 + sum(len(x.tokens) for x in result.steps[:step - 1])

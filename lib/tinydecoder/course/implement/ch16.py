@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...core.validate import is_int
 from ...serving.capacity import GIB, KNOWN_CONFIGS, requests_that_fit
 from .case import Case
 
@@ -26,7 +27,7 @@ def _agrees(fn, config, dtype_bytes, context, budget, block_size=None) -> bool:
     out = fn(dict(config), dtype_bytes, context, budget, block_size)
     if out is None:
         raise ValueError("the function returned None: did it forget to return?")
-    if isinstance(out, bool) or not isinstance(out, (int, np.integer)):
+    if not is_int(out):
         raise TypeError(f"expected a whole number of requests (int), got {type(out).__name__} {out!r}")
     return int(out) == library(config, dtype_bytes, context, budget, block_size)
 
