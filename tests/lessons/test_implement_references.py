@@ -1,0 +1,30 @@
+"""Every exercise names its library reference, and the reference passes all its own cases."""
+import pytest
+
+from tinydecoder.lessons import exercises as exercises_module
+from tinydecoder.lessons.implement import check_implementation, exercises, reference
+
+
+@pytest.mark.parametrize("name", sorted(exercises()))
+def test_every_reference_passes_all_its_cases(name, capsys):
+    fn = reference(name)
+    assert callable(fn) and fn.__module__.startswith("tinydecoder.")
+    report = check_implementation(name, fn)
+    out = capsys.readouterr().out
+    assert report.passed and report.failed == [], out
+    assert out.count("PASS ") == len(exercises()[name])
+
+
+def test_reference_is_also_in_lessons_exercises_and_unknown_names_fail():
+    assert exercises_module.reference("softmax") is reference("softmax")
+    with pytest.raises(KeyError, match="no exercise 'nope'"):
+        reference("nope")
+
+
+def test_the_new_exercises_are_collected():
+    new = {"pre_norm_block", "cached_greedy", "paged_decode_attention", "chunk_mask", "tensor_parallel_swiglu",
+           "moe_forward", "apply_token_bitmask"}
+    found = exercises()
+    assert new <= set(found) and {"BlockAllocator", "block_hash_chain", "top_k_gating"} <= set(found)
+    for name in new:
+        assert len(found[name]) >= 6 and len({c.name for c in found[name]}) == len(found[name])
