@@ -28,3 +28,20 @@ def test_the_new_exercises_are_collected():
     assert new <= set(found) and {"BlockAllocator", "block_hash_chain", "top_k_gating"} <= set(found)
     for name in new:
         assert len(found[name]) >= 6 and len({c.name for c in found[name]}) == len(found[name])
+
+
+def test_every_implement_cell_of_the_notebooks_is_a_known_exercise():
+    from pathlib import Path
+
+    import nbformat
+
+    from tinydecoder.lessons.grading import implement_exercises
+
+    found = {}
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for name in implement_exercises(nbformat.read(str(path), as_version=4)):
+            found[name] = path.name[:2]
+    assert set(found) <= set(exercises()), set(found) - set(exercises())
+    new = {"pre_norm_block": "03", "cached_greedy": "07", "paged_decode_attention": "17", "chunk_mask": "18",
+           "tensor_parallel_swiglu": "21", "moe_forward": "23", "apply_token_bitmask": "24"}
+    assert {name: found.get(name) for name in new} == new
