@@ -275,3 +275,11 @@ class MoELayer:
         sizes = sorted((e.nbytes for e in self.experts), reverse=True)
         router = np.asarray(self.w_router).nbytes + (0 if self.b_router is None else np.asarray(self.b_router).nbytes)
         return int(router + sum(sizes[:self.k]))
+
+
+def moe_forward(x, router_logits, experts: list, k: int) -> np.ndarray:
+    """The layer's output: route (softmax over the E experts), keep the top k, renormalise their
+    gates, and sum the chosen experts' outputs weighted by the gates, back in the tokens' rows.
+    x [T, D], router_logits [T, E], experts: E functions [n, D] -> [n, D].  -> [T, D]"""
+    chosen, gates = top_k_gating(router_logits, k)
+    return moe_grouped(x, experts, chosen, gates)

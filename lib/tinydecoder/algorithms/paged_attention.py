@@ -56,3 +56,12 @@ def paged_attention(q, pool_k, pool_v, block_table, length: int):
         m, row_sum, acc, _ = online_update(m, row_sum, acc, scores, v_block.transpose(1, 0, 2))
     out = acc / row_sum  # every query sees at least itself, so row_sum > 0
     return out.reshape(Hkv, n_rep, S, d).reshape(Hq, S, d).transpose(1, 0, 2)
+
+
+def paged_decode_attention(q, pool_k, pool_v, block_table, length: int):
+    """One decode query q [Hq, d] at position length - 1 over the `length` positions that
+    `block_table` maps into pool_k, pool_v [n_blocks, B, Hkv, d].  -> [Hq, d]"""
+    q = np.asarray(q)
+    if q.ndim != 2:
+        raise ValueError(f"paged_decode_attention needs one query, q [Hq, d]; got shape {q.shape}")
+    return paged_attention(q[None], pool_k, pool_v, block_table, length)[0]

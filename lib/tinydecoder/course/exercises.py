@@ -86,3 +86,10 @@ def check_implementation(name: str, fn):
     from .implement import check_implementation as run
 
     return run(name, fn)
+
+
+def reference(name: str):
+    """The library's function or class that exercise `name` is judged against (course/implement)."""
+    from .implement import reference as find
+
+    return find(name)

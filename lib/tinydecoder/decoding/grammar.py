@@ -92,6 +92,27 @@ def allowed_tokens(matcher, vocab_size: int) -> np.ndarray:
     return np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
 
 
+def apply_token_bitmask(logits, bitmask, eos_id: int, accepting: bool) -> np.ndarray:
+    """New logits [V]: -inf for every token the bitmask forbids. Token t is allowed when bit
+    t % 32 (least significant first) of the 32-bit word bitmask[t // 32] is set (llguidance's
+    and vLLM's layout); the end token `eos_id` is allowed exactly when the grammar `accepting`."""
+    logits = np.asarray(logits)
+    words = np.asarray(bitmask).astype(np.int64) & 0xFFFFFFFF  # the words' 32 bits, sign aside
+    V = logits.shape[-1]
+    if logits.ndim != 1 or words.ndim != 1 or len(words) * 32 < V:
+        raise ValueError(f"need logits [V] and at least ceil(V / 32) bitmask words; got logits {logits.shape}, "
+                         f"bitmask {words.shape}")
+    t = np.arange(V)
+    allowed = ((words[t // 32] >> (t % 32)) & 1).astype(bool)
+    allowed[int(eos_id)] = bool(accepting)
+    return np.where(allowed, logits, -np.inf).astype(logits.dtype)
+
+
+def bitmask_words(matcher) -> np.ndarray:
+    """The matcher's next-token mask as llguidance packs it: int32 words, bit t % 32 of word t // 32."""
+    return np.frombuffer(matcher.compute_bitmask(), dtype="<i4").copy()
+
+
 def _one_line(error: str) -> str:
     """llguidance's multi-line error (message, source excerpt, caret) as one line."""
     lines = [line.strip() for line in error.splitlines() if line.strip()]

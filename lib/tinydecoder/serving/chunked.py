@@ -62,6 +62,16 @@ def chunk_masks(n_tokens: int, chunk_size: int, past: int = 0, dtype=np.float32)
     return [causal_mask(b - a, b, dtype) for a, b in chunk_spans(past + n_tokens, chunk_size, start=past)]
 
 
+def chunk_mask(start: int, n_tokens: int, dtype=np.float32) -> np.ndarray:
+    """The additive mask of one chunk of n_tokens queries at positions start..start+n_tokens-1
+    over keys 0..start+n_tokens-1 (start cached, then the chunk's own): [n_tokens, start + n_tokens],
+    0 where key j <= the query's absolute position start + i, -inf after it."""
+    for name, value, low in (("start", start, 0), ("n_tokens", n_tokens, 1)):
+        if not is_int(value) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return causal_mask(int(n_tokens), int(start) + int(n_tokens), dtype)
+
+
 def one_shot_mask_from_chunks(masks) -> np.ndarray:
     """Stack chunk masks (each padded with -inf on the right to the last one's width) into one
     [S, S] matrix: for chunks that start at position 0 it equals causal_mask(S, S)."""

@@ -7,8 +7,11 @@ runs the exercise's cases against it and prints one line per case.
     # PASS shape
     # FAIL large logits: subtract the row's max before exp ...
 
-Cases live in one module per chapter (`ch02`, `ch04`, ...: `ch` and two digits), each defining
-`EXERCISES = {"name": [Case(name, hint, run), ...]}`; every such module of this package is found
+Cases live in one module per chapter (`ch02`, `ch04`, ...: `ch` and two digits, or a second
+module of a chapter such as `ch17_paged_read`), each defining
+`EXERCISES = {"name": [Case(name, hint, run), ...]}` and `REFERENCES = {"name": the library's
+function or class the exercise is judged against, in the exercise's signature}` (`reference(name)`
+hands it out; the tests prove it passes every case of its exercise); every such module of this package is found
 with pkgutil, so a chapter adds its exercises without touching this file. `run(fn)` returns True
 when the learner's `fn` passes; it may raise, which counts as a fail (the hint plus the
 exception's one-line message). A case compares with the library on random inputs or checks a
@@ -33,11 +36,11 @@ import numpy as np
 
 from .case import Case
 
-__all__ = ["Case", "Report", "check_implementation", "exercises", "GRADE_LOG_ENV"]
+__all__ = ["Case", "Report", "check_implementation", "exercises", "reference", "GRADE_LOG_ENV"]
 
 GRADE_LOG_ENV = "TINYDECODER_GRADE_LOG"
 STATUSES = ("passed", "failed", "not attempted")
-_CHAPTER = re.compile(r"ch\d\d$")
+_CHAPTER = re.compile(r"ch\d\d(_[a-z0-9_]+)?$")
 
 
 @dataclass
@@ -65,18 +68,32 @@ class Report:
         return f"Report({self.exercise!r}: {self.status}, {len(self.failed)} failed)"
 
 
+def _chapter_modules() -> list:
+    infos = sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+    return [importlib.import_module(f"{__name__}.{i.name}") for i in infos if _CHAPTER.match(i.name)]
+
+
 def exercises() -> dict:
     """{exercise name: [Case, ...]} collected from every chapter module (ch + two digits) here."""
     found = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not _CHAPTER.match(info.name):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    for module in _chapter_modules():
         for name, cases in getattr(module, "EXERCISES", {}).items():
             if name in found:
-                raise ValueError(f"exercise {name!r} is defined twice (second time in {info.name})")
+                raise ValueError(f"exercise {name!r} is defined twice (second time in {module.__name__})")
             found[name] = list(cases)
     return found
+
+
+def reference(name: str):
+    """The library's function (or class) that exercise `name` is judged against, callable in the
+    exercise's own signature: check_implementation(name, reference(name)) passes every case."""
+    for module in _chapter_modules():
+        if name in getattr(module, "EXERCISES", {}):
+            refs = getattr(module, "REFERENCES", {})
+            if name not in refs:
+                raise LookupError(f"exercise {name!r} names no reference in {module.__name__}.REFERENCES")
+            return refs[name]
+    raise KeyError(f"no exercise {name!r}; known: {', '.join(sorted(exercises()))}")
 
 
 class _Tracked:

@@ -85,3 +85,4 @@ APPLY_ROPE = [
 ]
 
 EXERCISES = {"apply_rope": APPLY_ROPE}
+REFERENCES = {"apply_rope": ops.apply_rope}

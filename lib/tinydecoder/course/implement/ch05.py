@@ -86,3 +86,4 @@ GQA_ATTENTION = [
 ]
 
 EXERCISES = {"gqa_attention": GQA_ATTENTION}
+REFERENCES = {"gqa_attention": _reference}

@@ -65,3 +65,4 @@ TOP_P_FILTER = [
 ]
 
 EXERCISES = {"top_p_filter": TOP_P_FILTER}
+REFERENCES = {"top_p_filter": _reference}

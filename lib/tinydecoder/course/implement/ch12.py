@@ -109,3 +109,4 @@ ONLINE_SOFTMAX_ATTENTION = [
 ]
 
 EXERCISES = {"online_softmax_attention": ONLINE_SOFTMAX_ATTENTION}
+REFERENCES = {"online_softmax_attention": reference}

@@ -117,3 +117,4 @@ ACCEPT_OR_RESAMPLE = [
 ]
 
 EXERCISES = {"accept_or_resample": ACCEPT_OR_RESAMPLE}
+REFERENCES = {"accept_or_resample": reference}

@@ -106,3 +106,4 @@ REQUESTS_IN_BUDGET = [
 ]
 
 EXERCISES = {"requests_in_budget": REQUESTS_IN_BUDGET}
+REFERENCES = {"requests_in_budget": library}

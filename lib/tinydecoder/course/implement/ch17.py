@@ -178,3 +178,4 @@ BLOCK_ALLOCATOR = [
 ]
 
 EXERCISES = {"BlockAllocator": BLOCK_ALLOCATOR}
+REFERENCES = {"BlockAllocator": LibraryAllocator}

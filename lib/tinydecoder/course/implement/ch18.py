@@ -71,3 +71,4 @@ BLOCK_HASH_CHAIN = [
 ]
 
 EXERCISES = {"block_hash_chain": BLOCK_HASH_CHAIN}
+REFERENCES = {"block_hash_chain": block_hashes}

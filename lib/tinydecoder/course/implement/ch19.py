@@ -112,3 +112,4 @@ SCHEDULE_STEP = [
 ]
 
 EXERCISES = {"schedule_step": SCHEDULE_STEP}
+REFERENCES = {"schedule_step": schedule_step}

@@ -74,3 +74,4 @@ TOP_K_GATING = [
 ]
 
 EXERCISES = {"top_k_gating": TOP_K_GATING}
+REFERENCES = {"top_k_gating": moe.top_k_gating}
