@@ -116,3 +116,11 @@ def test_page_loads_only_local_scripts_and_folds_the_solution():
     assert "secret" in solution and "<details open" not in page
     assert re.search(r'<details class="td-hidden-input">.*helper.*?</details>', page, re.S)
     assert page.count("<nav>n</nav>") == 2
+
+
+def test_an_appendix_gets_its_own_section_after_the_parts():
+    nb = new_notebook(cells=[new_markdown_cell(
+        "# A1 · Fixture\n\n*Appendix — optional, after Part II — speed and memory.*\n\n"
+        "## What you will learn\n- How the library does it.")])
+    info = site.notebook_info(Path("A1_fixture.ipynb"), nb)
+    assert info.part == "A" and list(site.PARTS)[-1] == "A"  # not Part II, though the first cell names it

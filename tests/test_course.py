@@ -56,3 +56,18 @@ def test_the_course_map_is_complete():
     numbers = [int(p.name[:2]) for p in NOTEBOOKS]
     assert numbers == list(range(1, len(numbers) + 1)), f"notebooks present: {numbers}"
     assert max(numbers) == max(max(r) for r in PARTS), f"the course map ends at {max(numbers)}"
+
+
+APPENDICES = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("A[0-9]_*.ipynb"))
+
+
+def test_the_appendix_exists_says_it_is_one_and_hides_its_answers():
+    names = [p.name for p in APPENDICES]
+    assert "A1_how_the_fast_path_works.ipynb" in names, f"appendices present: {names}"
+    for path in APPENDICES:
+        cells = load(path)["cells"]
+        first = source(cells[0])
+        assert cells[0]["cell_type"] == "markdown" and re.search(r"\bappendix\b", first, re.I), (
+            f"{path.name}: the first cell must say it is an appendix")
+        assert "What you will learn" in first, f"{path.name}: the first cell must say what you will learn"
+        test_at_least_two_exercises_with_hidden_answers(path)  # the chapters' rules for hidden answers

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9A][0-9]_*.ipynb"))  # chapters, appendices
 
 # A number that looks measured: 12.5, 3×, 2.6x, 40%, 1,536, 49152 (four or more digits).
 NUMBER = re.compile(r"(?<![\w.^_{\\])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d{4,})(?:\s*(%|×|x\b))?"

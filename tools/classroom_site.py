@@ -50,6 +50,7 @@ PARTS = {
     "III": "Part III — serving many requests",
     "IV": "Part IV — beyond one process",
     "V": "Part V — what modern engines add",
+    "A": "Appendix — optional, for readers who want the library's internals",
 }
 # The course map by notebook slug (the name without its number), for notebooks whose first cell
 # does not yet say which part they belong to. What the first cell says wins.
@@ -80,7 +81,7 @@ class NotebookInfo:
     path: Path
     stem: str
     title: str
-    part: str | None  # "I", "II", "III" or None
+    part: str | None  # "I", "II", "III", ..., "A" (an appendix) or None
     summary: str      # markdown, one line
 
     @property
@@ -95,6 +96,8 @@ def notebook_info(path: Path, nb) -> NotebookInfo:
     match = PART_RE.search(first)
     slug = re.sub(r"^\d+_", "", path.stem)
     part = match.group(1) if match else next((p for p, slugs in COURSE_MAP.items() if slug in slugs), None)
+    if re.match(r"A\d+_", path.stem):  # A1_name.ipynb: an appendix, whatever part its first cell mentions
+        part = "A"
     return NotebookInfo(path, path.stem, title, part, one_line_summary(first))
 
 

@@ -119,6 +119,34 @@ def _rmsnorm_rows(x, weight, eps, out):  # pragma: no cover - runs compiled by n
             out[n, c] = x[n, c] * scale * weight[c]
 
 
+def product_kernel(x, w) -> str:
+    """Which kernel `project` runs for rows x [M, K] times w [K, N]: "few_rows" or "tiles" (numba,
+    float32 rows and an out-major float32 weight of at least SKINNY_MIN_WEIGHTS numbers), else
+    numpy's "gemv" (GEMV_ROWS rows, one matrix-vector product each), "padded" (to PAD_ROWS_TO rows)
+    or "matmul". The thresholds are tunables.py's."""
+    M = x.shape[0]
+    if few_rows.takes(w) and few_rows.fits(x, w):
+        return "few_rows" if M <= tunables.SWEEPS_UP_TO_ROWS else "tiles"
+    if M in tunables.GEMV_ROWS:
+        return "gemv"
+    if max(tunables.GEMV_ROWS) < M < tunables.PAD_ROWS_TO:
+        return "padded"
+    return "matmul"
+
+
+def attention_kernel(q, k_all, v_all) -> str:
+    """Which attention a pass runs for q [S, Hq, d] (one sequence's new rows) over its cache
+    k_all, v_all [T, Hkv, d]: "few_queries" (numba, up to ATTEND_ROWS_UP_TO rows),
+    "prefill_attention" (numba, more), "attend_one_query" (numpy, one row over at least
+    ONE_QUERY_GEMM_FROM keys) or "attend" (numpy's batched products)."""
+    S = q.shape[0]
+    if few_queries.fits_rows(q, k_all, v_all):
+        return "few_queries" if S <= ATTEND_ROWS_UP_TO else "prefill_attention"
+    if S == 1 and len(k_all) >= ONE_QUERY_GEMM_FROM and k_all.flags.c_contiguous:
+        return "attend_one_query"
+    return "attend"
+
+
 def project(x, w, out, work=None):
     """out = x @ w for x [M, K], w [K, N] (as stored), choosing the kernel. Float32 rows times an
     out-major weight (SmolLM2's, `checkpoint.weights`) of at least SKINNY_MIN_WEIGHTS weights run
@@ -129,17 +157,17 @@ def project(x, w, out, work=None):
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
     tunables.py. work: where the tiles pack the rows (`_Buffers.packed`), or None."""
     M = x.shape[0]
-    if few_rows.takes(w) and few_rows.fits(x, w):  # numba: BLAS held to one thread
-        if M <= tunables.SWEEPS_UP_TO_ROWS:  # out: C-contiguous float32, as both kernels need
-            few_rows.product(x, w, out)
-        else:
-            from .compiled import tiles  # imports numba and llvmlite
+    kernel = product_kernel(x, w)
+    if kernel == "few_rows":  # numba: BLAS held to one thread; out C-contiguous float32, as both kernels need
+        few_rows.product(x, w, out)
+    elif kernel == "tiles":
+        from .compiled import tiles  # imports numba and llvmlite
 
-            tiles.product(x, w, out, work)
-    elif M in tunables.GEMV_ROWS:
+        tiles.product(x, w, out, work)
+    elif kernel == "gemv":
         for i in range(M):
             np.matmul(x[i], w, out=out[i])
-    elif max(tunables.GEMV_ROWS) < M < tunables.PAD_ROWS_TO:
+    elif kernel == "padded":
         padded = np.zeros((tunables.PAD_ROWS_TO, x.shape[1]), x.dtype)  # [8, K]
         padded[:M] = x
         out[:] = (padded @ w)[:M]
@@ -187,13 +215,14 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
             a, b = bounds[s], bounds[s + 1]
             k_all, v_all = cache.append(l, k[a:b], v[a:b])  # [T, Hkv, d]
             qa, qb = (a, b) if rows is None else (s, s + 1)
-            if qb - qa <= ATTEND_ROWS_UP_TO and few_queries.fits_rows(q[qa:qb], k_all, v_all):
+            kernel = attention_kernel(q[qa:qb], k_all, v_all)
+            if kernel == "few_queries":
                 out[qa:qb] = few_queries.attend_rows(q[qa:qb], k_all, v_all)  # numba: the cache read once
-            elif qb - qa > ATTEND_ROWS_UP_TO and few_queries.fits_rows(q[qa:qb], k_all, v_all):
+            elif kernel == "prefill_attention":
                 from .compiled import prefill_attention  # imports numba: register tiles on every core
 
                 prefill_attention.attend_prefill(q[qa:qb], k_all, v_all, out[qa:qb])
-            elif qb - qa == 1 and len(k_all) >= ONE_QUERY_GEMM_FROM and k_all.flags.c_contiguous:
+            elif kernel == "attend_one_query":
                 out[qa] = attend_one_query(q[qa], k_all, v_all)
             else:
                 out[qa:qb] = attend(q[None, qa:qb], k_all.transpose(1, 0, 2)[None], v_all.transpose(1, 0, 2)[None])
