@@ -1,8 +1,8 @@
 """Every exercise names its library reference, and the reference passes all its own cases."""
 import pytest
 
-from tinydecoder.course.implement import check_implementation, exercises, reference
 from tinydecoder.course import exercises as exercises_module
+from tinydecoder.course.implement import check_implementation, exercises, reference
 
 
 @pytest.mark.parametrize("name", sorted(exercises()))
