@@ -57,3 +57,21 @@ def test_within_rounding_rejects_mismatched_shapes_and_integers():
         within_rounding(np.zeros(2), np.zeros(3))
     with pytest.raises(TypeError, match="float32 or float64"):
         within_rounding(np.arange(3), np.arange(3))
+
+
+def test_check_logs_name_expected_and_hint_when_asked(tmp_path, monkeypatch, capsys):
+    import json
+
+    from tinydecoder.course.exercises import CHECK_LOG_ENV
+
+    log = tmp_path / "checks.jsonl"
+    check("off", None, expected=1, hint="h")  # no variable: nothing written
+    monkeypatch.setenv(CHECK_LOG_ENV, str(log))
+    check("ridge", None, expected=np.float64(295.2), hint="peak over bandwidth")
+    check("shape", (4, 16), expected=np.zeros((4, 16)).shape, hint="rows, width")
+    check("big", None, expected=np.zeros(1000, np.float32), hint="an array")
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rows == [{"name": "ridge", "expected": 295.2, "hint": "peak over bandwidth"},
+                    {"name": "shape", "expected": [4, 16], "hint": "rows, width"},
+                    {"name": "big", "expected": {"shape": [1000], "dtype": "float32"}, "hint": "an array"}]
+    assert "295.2" not in capsys.readouterr().out  # logging never prints the expected value

@@ -12,14 +12,22 @@ placeholder between nbgrader's `### BEGIN SOLUTION` / `### END SOLUTION` markers
 `check_implementation(name, fn)` runs an "implement it" exercise: the learner writes a function
 and the cases of its chapter (module ch02, ch04, ... of course.implement) judge it (one line per case, never raises).
 
+When the environment variable TINYDECODER_CHECK_LOG names a file, every `check` call appends
+{"name", "expected", "hint"} to it as one JSON line (tools/record_checks.py collects them, and a
+test makes sure no exercise's answer is in its hint or on screen above it).
+
 `within_rounding(a, b)` prints that two results agree up to float rounding without printing the
 rounding itself, whose digits change with the BLAS library, its kernels and its thread count.
 """
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 NOT_ANSWERED = (None, Ellipsis)
+CHECK_LOG_ENV = "TINYDECODER_CHECK_LOG"
 
 
 def matches(answer, expected, rtol: float = 1e-6, atol: float = 0.0) -> bool:
@@ -43,6 +51,7 @@ def check(name: str, answer, expected, *, hint: str, rtol: float = 1e-6, atol: f
 
     An unanswered placeholder (None or ...) prints the hint; a wrong answer prints what was
     given and the hint, never the expected value."""
+    _log_check(name, expected, hint)
     if any(answer is x for x in NOT_ANSWERED):
         print(f"[{name}] not answered yet. Hint: {hint}")
         return
@@ -53,6 +62,37 @@ def check(name: str, answer, expected, *, hint: str, rtol: float = 1e-6, atol: f
     if len(shown) > 60:
         shown = shown[:57] + "..."
     print(f"[{name}] not quite: you answered {shown}. Hint: {hint}")
+
+
+def as_json(value, max_items: int = 64):
+    """`value` as plain JSON data: numpy scalars and small arrays become numbers and lists, sets
+    sorted lists; a large array {"shape", "dtype"}; anything else its repr."""
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        if value.size > max_items:
+            return {"shape": list(value.shape), "dtype": str(value.dtype)}
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted((as_json(v, max_items) for v in value), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [as_json(v, max_items) for v in value]
+    if isinstance(value, dict):
+        return {str(k): as_json(v, max_items) for k, v in value.items()}
+    return repr(value)
+
+
+def _log_check(name: str, expected, hint: str) -> None:
+    path = os.environ.get(CHECK_LOG_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"name": name, "expected": as_json(expected), "hint": hint}) + "\n")
+    except (OSError, TypeError, ValueError) as exc:  # a side channel: never break the learner's notebook
+        print(f"(could not write the check log {path}: {exc})")
 
 
 ROUNDING_BOUNDS = {"float64": 1e-12, "float32": 1e-5}  # far above each type's rounding, far below a bug
