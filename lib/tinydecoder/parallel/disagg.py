@@ -104,8 +104,9 @@ def decode_step(model: Model, running: list, clock) -> float:
 
 
 def report(finished: list) -> dict:
-    """Tokens by request and the gaps between consecutive decode-step tokens (time per output token)."""
-    gaps = [float(b - a) for r in finished for a, b in zip(r.times[1:], r.times[2:])]
+    """Tokens by request and every gap between two consecutive tokens of a request (time per output
+    token; on the decode rank the first token's time is when its cache was received)."""
+    gaps = [float(b - a) for r in finished for a, b in zip(r.times, r.times[1:])]
     return {"tokens": {r.request.id: r.tokens for r in finished}, "tpot": gaps}
 
 
