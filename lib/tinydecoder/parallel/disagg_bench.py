@@ -78,10 +78,13 @@ def rank_facts() -> dict:
 def warm_up(model) -> None:
     """Run the shapes a workload will run (a prompt, a mixed batch, a decode batch) once, before
     the clock starts: a fresh process loads the weights and numba's kernels on first use."""
-    a, b = model.new_cache(capacity=80), model.new_cache(capacity=80)
-    fast.forward(model, list(range(1, 65)), a, last_only=True)
-    fast.forward_batch(model, [[3], list(range(1, 9))], [a, b], last_only=True)
-    fast.forward_batch(model, [[4], [5]], [a, b], last_only=True)
+    cfg = model.config
+    n = max(1, min(64, cfg.max_context - 16))
+    ids = [i % cfg.vocab_size for i in range(1, n + 9)]
+    a, b = model.new_cache(capacity=n + 2), model.new_cache(capacity=10)
+    fast.forward(model, ids[:n], a, last_only=True)
+    fast.forward_batch(model, [ids[:1], ids[n:n + 8]], [a, b], last_only=True)
+    fast.forward_batch(model, [ids[1:2], ids[2:3]], [a, b], last_only=True)
 
 
 def engine_rank(comm, model="small", workload=(), token_budget: int | None = None, deadline: float = 120.0,
