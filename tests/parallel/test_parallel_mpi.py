@@ -82,9 +82,10 @@ def running(pid: int) -> bool:
 
 
 def test_disaggregated_tokens_equal_colocated_and_bytes_are_the_kv_cache(small):
-    from tinydecoder.parallel.disagg import Request, kv_bytes, serve
+    from tinydecoder.parallel.disagg import TimedRequest, kv_bytes, serve
 
-    workload = [Request(0, tuple(PROMPT), 8, 0.0), Request(1, tuple(range(30)), 4, 0.01), Request(2, (3, 4), 5, 0.02)]
+    workload = [TimedRequest(0, tuple(PROMPT), 8, 0.0), TimedRequest(1, tuple(range(30)), 4, 0.01),
+                TimedRequest(2, (3, 4), 5, 0.02)]
     colocated = run_ranks(1, "tinydecoder.parallel.disagg:colocated_rank", dict(model="small", workload=workload),
                           timeout=60)[0]
     served = serve("small", workload, fail_after=1, timeout=60)  # the first attempt's decode rank dies

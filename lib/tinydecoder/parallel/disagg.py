@@ -7,7 +7,7 @@ per output token gets a long tail. With the roles on separate ranks, decode step
 decodes (flat), and the price is the KV transfer: 2 * L * Hkv * d * itemsize bytes per prompt
 token (46,080 for SmolLM2 in float32).
 
-    workload = [Request(0, prompt_ids, 32, arrival=0.0), ...]
+    workload = [TimedRequest(0, prompt_ids, 32, arrival=0.0), ...]
     colocated = run_ranks(1, "tinydecoder.parallel.disagg:colocated_rank", dict(model=..., workload=...))[0]
     prefill, decode = run_ranks(2, "tinydecoder.parallel.disagg:disaggregated_rank", dict(...))
     serve(model, workload, mode="disaggregated", retries=1)   # the same, retried if a rank dies
@@ -33,7 +33,9 @@ POLL_SECONDS = 0.0005
 
 
 @dataclass(frozen=True)
-class Request:
+class TimedRequest:
+    """A request as the ranks ship it: an id, its prompt, and its arrival in seconds after the start
+    (the engine's `serving.requests.Request` counts arrival in steps)."""
     id: int
     prompt: tuple
     max_new_tokens: int
@@ -67,7 +69,7 @@ def kv_bytes(model: Model, prompt_tokens: int) -> int:
 def check_workload(workload) -> list:
     out = []
     for r in workload:
-        if not isinstance(r, Request):
+        if not isinstance(r, TimedRequest):
             raise TypeError(f"the workload holds Requests, got {type(r).__name__}")
         out.append(r)
     if len({r.id for r in out}) != len(out):
@@ -82,7 +84,7 @@ def greedy(logits) -> int:
 class Running:
     """A request being decoded: its cache, its tokens and the time each token came out."""
 
-    def __init__(self, request: Request, cache: KVCache, first_token: int, t: float):
+    def __init__(self, request: TimedRequest, cache: KVCache, first_token: int, t: float):
         self.request, self.cache, self.tokens, self.times = request, cache, [first_token], [t]
 
     @property
@@ -104,8 +106,9 @@ def decode_step(model: Model, running: list, clock) -> float:
 
 
 def report(finished: list) -> dict:
-    """Tokens by request and the gaps between consecutive decode-step tokens (time per output token)."""
-    gaps = [float(b - a) for r in finished for a, b in zip(r.times[1:], r.times[2:])]
+    """Tokens by request and every gap between two consecutive tokens of a request (time per output
+    token; on the decode rank the first token's time is when its cache was received)."""
+    gaps = [float(b - a) for r in finished for a, b in zip(r.times, r.times[1:])]
     return {"tokens": {r.request.id: r.tokens for r in finished}, "tpot": gaps}
 
 

@@ -73,10 +73,12 @@ def step_model_widget(bandwidth_tbs: float = 3.35, latency_us: float = 3.5):
     return panel(controls, compute, draw_model, title="step time = weight bytes per GPU / bandwidth + 2 L latency")
 
 
-def tpot_figure(colocated: list, disaggregated: list):
-    """Time per output token, every gap, sorted (a CDF on a log axis), for both modes."""
+def tpot_figure(colocated: list, disaggregated: list, chunked: list | None = None):
+    """Time per output token, every gap, sorted (a CDF on a log axis), for each mode given."""
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    for gaps, label, color in ((colocated, "colocated", "#C44E52"), (disaggregated, "disaggregated", "#55A868")):
+    series = ((colocated, "colocated", "#C44E52"), (chunked, "colocated + chunked prefill", "#8172B2"),
+              (disaggregated, "disaggregated", "#55A868"))
+    for gaps, label, color in [x for x in series if x[0] is not None]:
         g = np.sort(np.asarray(gaps)) * 1e3
         ax.plot(g, np.arange(1, len(g) + 1) / len(g), drawstyle="steps-post", label=label, color=color)
     ax.set_xscale("log")
@@ -87,16 +89,37 @@ def tpot_figure(colocated: list, disaggregated: list):
     return fig
 
 
-def tpot_widget(colocated: list, disaggregated: list):
-    """A percentile slider: the time per output token at that percentile, both modes."""
+def tpot_widget(colocated: list, disaggregated: list, chunked: list | None = None):
+    """A percentile slider: the time per output token at that percentile, for each mode given."""
     controls = {"percentile": W.IntSlider(value=99, min=50, max=100, description="percentile", style=STYLE)}
+    modes = [(n, g) for n, g in (("colocated", colocated), ("chunked", chunked), ("disaggregated", disaggregated))
+             if g is not None]
 
     def compute(percentile):
-        return {name: float(np.percentile(g, percentile)) * 1e3 for name, g in
-                (("colocated", colocated), ("disaggregated", disaggregated))} | {"p": percentile}
+        return {name: float(np.percentile(g, percentile)) * 1e3 for name, g in modes} | {"p": percentile}
 
     def draw(data):
-        return (f"p{data['p']} time per output token: colocated {data['colocated']:.1f} ms, "
-                f"disaggregated {data['disaggregated']:.1f} ms")
+        return f"p{data['p']} time per output token: " + ", ".join(f"{n} {data[n]:.1f} ms" for n, _ in modes)
 
     return panel(controls, compute, draw, title="time per output token")
+
+
+def model_sweep_figure(xs, p99: dict, ttft: dict | None = None, xlabel: str = "arrival rate (requests per second)",
+                       crossings: dict | None = None):
+    """p99 time per output token (and p99 time to first token, when given) against `xs`, one line per
+    mode (disagg_model.sweep's output, in seconds); crossings: label -> x, drawn as dotted lines."""
+    colors = {"colocated": "#C44E52", "chunked": "#8172B2", "disaggregated": "#55A868"}
+    panels = [(p99, "p99 time per output token (ms)")] + ([(ttft, "p99 time to first token (ms)")] if ttft else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.3), squeeze=False)
+    for ax, (rows, label) in zip(axes[0], panels):
+        for mode, ys in rows.items():
+            ax.plot(xs, np.asarray(ys) * 1e3, marker=".", label=mode, color=colors.get(mode))
+        for name, x in (crossings or {}).items():
+            ax.axvline(x, color="gray", linestyle=":", linewidth=1)
+            ax.text(x, ax.get_ylim()[1], f" {name}", fontsize=7, va="top", rotation=90)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
