@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from . import fused, one_query, skinny, tunables
+from . import fused, one_query, quant_rows, skinny, tunables
 from .batch_cache import BatchKVCache  # noqa: F401 - forward_batch's batched cache, also fast.BatchKVCache
 from .cache import check_cache
 from .config import Config
@@ -190,6 +190,8 @@ def project(x, w, out, work=None):
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
     tunables.py. work: where the tiles pack the rows (`_Buffers.packed`), or None."""
     M = x.shape[0]
+    if isinstance(w, quant_rows.QuantMatrix):  # the file's blocks: quant_rows' kernels, else dequantised
+        return quant_rows.product(x, w, out, work) if quant_rows.fits(x, w) else np.matmul(x, np.asarray(w), out=out)
     if skinny.takes(w) and skinny.fits(x, w):  # numba: BLAS held to one thread
         if M <= tunables.SWEEPS_UP_TO_ROWS:  # out: C-contiguous float32, as both kernels need
             skinny.product(x, w, out)

@@ -108,8 +108,8 @@ def takes(w: np.ndarray) -> bool:
     """Whether the fast path gives weight w to numba's products (this module's sweeps or tiles.py's
     tiles): numba installed, w out-major float32 [K, N] of at least tunables.SKINNY_MIN_WEIGHTS
     numbers. `fast.project` and `fused.fits` both ask it, so the two paths pick alike."""
-    return (available() and w.dtype == np.float32 and w.ndim == 2 and w.flags.f_contiguous
-            and w.size >= tunables.SKINNY_MIN_WEIGHTS)
+    return (available() and isinstance(w, np.ndarray) and w.dtype == np.float32 and w.ndim == 2
+            and w.flags.f_contiguous and w.size >= tunables.SKINNY_MIN_WEIGHTS)
 
 
 def rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
