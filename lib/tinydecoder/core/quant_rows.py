@@ -80,6 +80,7 @@ class QuantMatrix:
                 raise ValueError(f"cols must give one column per row: {raw.shape[0]}, got {list(cols.shape)}")
             checked.append((raw, cols))
         self.parts, self.kind, self.K, self.transposed = tuple(checked), kind, K, transposed
+        self.raws, self.cols = tuple(r for r, _ in checked), tuple(c for _, c in checked)  # as the kernels take them
         self.N = sum(len(c) for _, c in checked)
         every = np.sort(np.concatenate([c for _, c in checked])) if checked else np.zeros(0, np.int64)
         if not np.array_equal(every, np.arange(self.N)):
@@ -214,9 +215,7 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
         return out
     threads = skinny.threads()
     if M <= ROWS_UP_TO:
-        kernel = skinny.compiled(_rows)
-        for raw, cols in w.parts:
-            kernel(x, raw, cols, w.kind == "Q4_1", out, threads)
+        skinny.compiled(_rows)(x, w.raws, w.cols, w.kind == "Q4_1", out, threads)  # every part in one call
         return out
     from . import tiles
 
@@ -257,29 +256,32 @@ def _block_sums(x, sx):  # pragma: no cover - runs compiled by numba
             sx[r, b] = s
 
 
-def _rows(x, raw, cols, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
-    """out[:, cols[n]] = x @ W[n] for each row n of blocks in raw (Q4_1 or Q8_0); each thread
-    takes a contiguous share of n, and each output row runs against the input rows 4 at a time
-    (quant_dots: the blocks decoded in registers, 32 lane-wise sums per input row)."""
+def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
+    """out[:, cols[n]] = x @ W[n] for each row n of blocks in each part (raws[p], colss[p]; Q4_1
+    or Q8_0): each thread takes a contiguous share of each part's rows, and each output row runs
+    against the input rows 4 at a time (quant_dots: the blocks decoded in registers, 32 lane-wise
+    sums per input row)."""
     M, K = x.shape
     nb = K // 32
-    N, row_bytes = raw.shape
     sx = np.empty((M, nb), np.float32)  # each row's block sums (Q4_1's m term)
     if q4_1:
         _block_sums(x, sx)
     for t in prange(threads):
         acc = np.empty((4, 33), np.float32)
-        for n in range(t * N // threads, (t + 1) * N // threads):
-            m0 = 0
-            while m0 < M:
-                R = min(4, M - m0)
-                _dots(q4_1, R, raw, n * row_bytes, x, m0 * K, K, sx, m0 * nb, acc)
-                for r in range(R):
-                    s = acc[r, 32]
-                    for j in range(32):
-                        s += acc[r, j]
-                    out[m0 + r, cols[n]] = s
-                m0 += R
+        for p in range(len(raws)):
+            raw, cols = raws[p], colss[p]
+            N, row_bytes = raw.shape
+            for n in range(t * N // threads, (t + 1) * N // threads):
+                m0 = 0
+                while m0 < M:
+                    R = min(4, M - m0)
+                    _dots(q4_1, R, raw, n * row_bytes, x, m0 * K, K, sx, m0 * nb, acc)
+                    for r in range(R):
+                        s = acc[r, 32]
+                        for j in range(32):
+                            s += acc[r, j]
+                        out[m0 + r, cols[n]] = s
+                    m0 += R
 
 
 def _dots(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
