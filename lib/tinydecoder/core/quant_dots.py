@@ -37,10 +37,11 @@ def _half_at(builder, ptr):
     return builder.fpext(builder.bitcast(bits, ir.HalfType()), _F32)
 
 
-def _block(builder, kind, p, b, nb, K, x_p, s_p, sums, msums, fma):
-    """One block at p against each row: -> the new lane-wise sums and m-term sums."""
+def _decoded(builder, kind, p):
+    """A block's d * q as <32 x float>, and its m (Q4_1; else None)."""
     c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
     d = _half_at(builder, p)
+    m = None
     if kind == "Q4_1":
         codes = builder.load(builder.bitcast(builder.gep(p, [c64(4)]), ir.VectorType(_I8, 16).as_pointer()), align=1)
         lo = builder.and_(codes, ir.Constant(ir.VectorType(_I8, 16), [ir.Constant(_I8, 15)] * 16))
@@ -51,7 +52,13 @@ def _block(builder, kind, p, b, nb, K, x_p, s_p, sums, msums, fma):
     else:
         codes = builder.load(builder.bitcast(builder.gep(p, [c64(2)]), ir.VectorType(_I8, 32).as_pointer()), align=1)
         qf = builder.sitofp(codes, _V32)
-    w = builder.fmul(_splat(builder, d, 32, _F32), qf)
+    return builder.fmul(_splat(builder, d, 32, _F32), qf), m
+
+
+def _block(builder, kind, p, b, nb, K, x_p, s_p, sums, msums, fma):
+    """One block at p against each row: -> the new lane-wise sums and m-term sums."""
+    c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    w, m = _decoded(builder, kind, p)
     new, new_m = [], []
     for r, (acc, macc) in enumerate(zip(sums, msums)):
         xr = builder.gep(x_p, [builder.add(builder.mul(c64(r), K), builder.mul(b, c64(32)))])
@@ -125,3 +132,39 @@ def make_dots(kind: str, R: int):
 
 q41_dots1, q41_dots2, q41_dots3, q41_dots4 = (make_dots("Q4_1", R) for R in (1, 2, 3, 4))
 q80_dots1, q80_dots2, q80_dots3, q80_dots4 = (make_dots("Q8_0", R) for R in (1, 2, 3, 4))
+
+
+def make_dequant(kind: str):
+    """dequant(raw, w_start, K, out, out_start): out.flat[out_start : out_start + K] = the K weights of
+    the blocks at raw.flat[w_start:] (d * q + m), 32 per block."""
+    block_bytes = BLOCK_BYTES[kind]
+
+    @intrinsic
+    def dequant_(typingctx, raw, w_start, K, out, out_start):
+        if not (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
+                and isinstance(out, types.Array) and out.dtype == types.float32 and out.layout == "C"):
+            return None
+        sig = types.void(raw, w_start, K, out, out_start)
+
+        def codegen(context, builder, signature, args):
+            ra, oa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 3))
+            w0, K_, o0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2, 4))
+            c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            raw_p = builder.gep(builder.bitcast(ra.data, _I8.as_pointer()), [w0])
+            out_p = builder.gep(builder.bitcast(oa.data, _F32.as_pointer()), [o0])
+            nb = builder.sdiv(K_, c64(32))
+            with cgutils.for_range(builder, nb) as loop:
+                b = loop.index
+                w, m = _decoded(builder, kind, builder.gep(raw_p, [builder.mul(b, c64(block_bytes))]))
+                if m is not None:
+                    w = builder.fadd(w, _splat(builder, m, 32, _F32))
+                dst = builder.gep(out_p, [builder.mul(b, c64(32))])
+                builder.store(w, builder.bitcast(dst, _V32.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dequant_
+
+
+q41_dequant, q80_dequant = make_dequant("Q4_1"), make_dequant("Q8_0")

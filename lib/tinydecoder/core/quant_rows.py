@@ -17,8 +17,8 @@ Per block, sum_j x_j (d q_j + m) = sum_j x_j (d q_j) + m * sum_j x_j, and sum_j 
 sum of the input row) depends on the row only: the kernels compute it once per row and call, not
 once per output. d * q_j is exact in float32 (an 11-bit times a 4- or 8-bit integer), so the
 products equal x @ dequantised(W).T up to the order of float32 sums (the tests bound it). The
-float16 scales are decoded in the kernel from their two bytes (`_half`), so nothing but the
-file's bytes is read: no scale arrays.
+float16 scales are decoded in the kernel from their two bytes (x86's F16C conversion), so nothing
+but the file's bytes is read: no scale arrays.
 
 `QuantMatrix` wraps such a tensor as tinydecoder's [in, out] weight: `x @ w` in the reference
 (it dequantises, see `QuantMatrix.__array__`), `fast.project` hands it to `product`. Several
@@ -44,14 +44,13 @@ BLOCK = 32  # weights per block (both types)
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 ROWS_UP_TO = 8  # up to this many rows: `_rows`; more: `_tiles`
 TILE_OUTPUTS = 6  # output rows a `_tiles` task dequantises (tiles.OUTPUTS)
-POW2 = np.array([2.0 ** (e - 25) for e in range(32)], np.float32)  # float16 exponent e -> 2^(e-15-10)
 
 prange = range  # numba.prange once compiled (skinny.compiled)
-INLINE = ("_half", "_block_sums", "_dots", "_dequant_row", "tiles.tile", "tiles.tile8", *(
-    f"quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
+INLINE = ("_block_sums", "_dots", "tiles.tile", "tiles.tile8", "quant_dots.q41_dequant", "quant_dots.q80_dequant",
+          *(f"quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by skinny.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by skinny.compiled
-q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = None
+q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
 
 
 class QuantMatrix:
@@ -233,19 +232,6 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     return out
 
 
-def _half(lo, hi):  # pragma: no cover - runs compiled by numba
-    """The float16 of two little-endian bytes as float32 (exact; normal and subnormal numbers)."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    e = (h >> 10) & 31
-    f = h & 1023
-    if e > 0:
-        f += 1024
-    else:
-        e = 1
-    v = np.float32(f) * POW2[e]
-    return -v if h & 0x8000 else v
-
-
 def _block_sums(x, sx):  # pragma: no cover - runs compiled by numba
     M, K = x.shape
     for r in range(M):
@@ -305,32 +291,13 @@ def _dots(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: n
         q80_dots1(raw, w_start, x, x_start, K, sx, sx_start, acc)
 
 
-def _dequant_row(row, q4_1, dst, K):  # pragma: no cover - runs compiled by numba
-    """dst[:K] = one output's weights from its blocks."""
-    for b in range(K // 32):
-        if q4_1:
-            o = 20 * b
-            d = _half(row[o], row[o + 1])
-            mn = _half(row[o + 2], row[o + 3])
-            for j in range(16):
-                c = row[o + 4 + j]
-                dst[32 * b + j] = d * np.float32(c & 15) + mn
-                dst[32 * b + 16 + j] = d * np.float32(c >> 4) + mn
-        else:
-            o = 34 * b
-            d = _half(row[o], row[o + 1])
-            for j in range(32):
-                c = np.int32(row[o + 2 + j])
-                dst[32 * b + j] = d * np.float32(c - 256 if c > 127 else c)
-
-
 def _tiles(full, last, M, raw, cols, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
     """out[:, cols[n]] for rows n of raw against M rows packed as tiles.pack_rows packs them
     (`full` [blocks, K, 16], `last` [0 or 1, K, 8]): each task dequantises 6 output rows into
     `w6` and runs the tile over every block of rows while they sit in cache."""
     blocks = full.shape[0]
     K = full.shape[1] if blocks else last.shape[1]
-    N = raw.shape[0]
+    N, row_bytes = raw.shape
     tasks = -(-N // 6)
     for t in prange(threads):
         w6 = np.empty((6, K), np.float32)  # rows past a last task's few stay unused
@@ -340,7 +307,10 @@ def _tiles(full, last, M, raw, cols, q4_1, out, threads):  # pragma: no cover - 
             n0 = 6 * p
             rows = min(6, N - n0)
             for r in range(rows):
-                _dequant_row(raw[n0 + r], q4_1, w6[r], K)
+                if q4_1:
+                    q41_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
+                else:
+                    q80_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
             for b in range(blocks):
                 tile(w6, 0, full, b * K * 16, 16, K, acc)
                 m = 16 * b
