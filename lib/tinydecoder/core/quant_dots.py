@@ -40,15 +40,19 @@ def _half_at(builder, ptr):
 def _decoded(builder, kind, p):
     """A block's d * q as <32 x float>, and its m (Q4_1; else None)."""
     c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
-    d = _half_at(builder, p)
     m = None
+    if kind == "Q4_1":  # d and m side by side: one 4-byte load, one conversion
+        dm = builder.fpext(builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1),
+                           ir.VectorType(_F32, 2))
+        d, m = builder.extract_element(dm, ir.Constant(_I32, 0)), builder.extract_element(dm, ir.Constant(_I32, 1))
+    else:
+        d = _half_at(builder, p)
     if kind == "Q4_1":
         codes = builder.load(builder.bitcast(builder.gep(p, [c64(4)]), ir.VectorType(_I8, 16).as_pointer()), align=1)
         lo = builder.and_(codes, ir.Constant(ir.VectorType(_I8, 16), [ir.Constant(_I8, 15)] * 16))
         hi = builder.lshr(codes, ir.Constant(ir.VectorType(_I8, 16), [ir.Constant(_I8, 4)] * 16))
         lanes = ir.Constant(ir.VectorType(_I32, 32), [ir.Constant(_I32, i) for i in range(32)])
         qf = builder.uitofp(builder.shuffle_vector(lo, hi, lanes), _V32)  # weights 0-15: low nibbles, 16-31: high
-        m = _half_at(builder, builder.gep(p, [c64(2)]))
     else:
         codes = builder.load(builder.bitcast(builder.gep(p, [c64(2)]), ir.VectorType(_I8, 32).as_pointer()), align=1)
         qf = builder.sitofp(codes, _V32)
@@ -65,7 +69,8 @@ def _block(builder, kind, p, b, nb, K, x_p, s_p, sums, msums, fma):
         new.append(builder.call(fma, [w, builder.load(builder.bitcast(xr, _V32.as_pointer()), align=4), acc]))
         if kind == "Q4_1":
             s = builder.load(builder.gep(s_p, [builder.add(builder.mul(c64(r), nb), b)]), align=4)
-            macc = builder.fadd(macc, builder.fmul(m, s))
+            fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+            macc = builder.call(fma1, [m, s, macc])
         new_m.append(macc)
     return new, new_m
 
