@@ -71,7 +71,7 @@ def load_quantized_model(path, *, expected_sha256: str | None = None, name: str 
     (module docstring). Raises as `load_gguf_model` does, and UnsupportedModelError for a matrix
     stored in another type."""
     verify_sha256(path, expected_sha256)
-    reader = open_gguf(path)
+    reader = open_gguf(path, keep=False)  # the matrices keep only the file's memory map, not the parsed metadata
     cfg = config_from_gguf(reader, name=name, rope_layout="halves")
     check_tensors(reader, cfg)
     t = tensor_map(reader)
