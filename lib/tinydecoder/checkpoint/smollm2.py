@@ -65,7 +65,6 @@ def smollm2_installed() -> bool:
 WEIGHTS = ("f32", "q4_1")  # load_smollm2's choices
 
 
-@lru_cache(maxsize=2)
 def load_smollm2(weights: str = "f32"):
     """The Model (30 layers, D=576, 9 query heads sharing 3 KV heads, head dim 64, RoPE
     "halves", tied head), computing in float32. weights="f32": float32 matrices; the first call
@@ -76,6 +75,12 @@ def load_smollm2(weights: str = "f32"):
     every call in a process: don't modify its weights (they are read-only memory maps)."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    return _load_smollm2(weights)
+
+
+@lru_cache(maxsize=len(WEIGHTS))
+def _load_smollm2(weights: str):
+    """`load_smollm2`, once per process and choice of weights."""
     if weights == "q4_1":
         from .quant_model import load_quantized_model
 
