@@ -188,7 +188,9 @@ def project(x, w, out, work=None):
     Otherwise numpy's BLAS: one row is a matrix-vector product (GEMV), which streams the
     weights; GEMV_ROWS rows run as that many GEMVs; fewer than PAD_ROWS_TO rows are padded with
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
-    tunables.py. work: where the tiles pack the rows (`_Buffers.packed`), or None."""
+    tunables.py. work: where the tiles pack the rows (`_Buffers.packed`), or None. A quantised
+    weight (`quant_rows.QuantMatrix`, the GGUF's blocks) runs in quant_rows' kernels with numba,
+    else dequantised."""
     M = x.shape[0]
     if isinstance(w, quant_rows.QuantMatrix):  # the file's blocks: quant_rows' kernels, else dequantised
         return quant_rows.product(x, w, out, work) if quant_rows.fits(x, w) else np.matmul(x, np.asarray(w), out=out)

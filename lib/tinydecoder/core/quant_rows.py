@@ -33,6 +33,13 @@ per block decodes the 32 weights once into registers (d * q) and adds their prod
 input row into 32 lane-wise sums per row (no horizontal add per block). More rows (a prefill),
 `_tiles`: each task dequantises 6 output rows into a small float32 buffer (in cache) and runs
 tiles.py's register tile over every block of 16 packed rows, as tiles.py does for float32.
+
+Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM shared with other jobs, so one
+thread and its CPU time, q4_1 and f32 alternating in one process, medians of 3): a decode step's
+121 products 9.6 ms (96 MB of blocks: compute-bound, ~16 AVX-512 instructions a block, checked
+with numba's inspect_asm); whole decode steps 88 tok/s against f32's 60 at context 128, 80
+against 55 at 512; prefill 0.213 s against 0.209 (100 tokens), 1.07 against 1.04 (500): a
+prefill's products give f32's tiles' numbers bit for bit, plus the dequantising.
 """
 from __future__ import annotations
 
