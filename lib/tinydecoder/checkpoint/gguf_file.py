@@ -81,16 +81,18 @@ def _existing_file(path) -> Path:
     return path
 
 
-def open_gguf(path):
+def open_gguf(path, *, keep: bool = True):
     """Parse a GGUF file with `gguf.GGUFReader`; raise GGUFFormatError if it is not a whole,
     readable GGUF file (bad magic, cut short, inconsistent offsets).
 
     Parsing SmolLM2's file takes ~2 s (its 49,152-token vocabulary is metadata), so the last
     file opened is kept: opening the same path again, unchanged (same size and modification
-    time, same inode), returns the same read-only reader."""
+    time, same inode), returns the same read-only reader. keep=False parses it afresh and keeps
+    nothing (the parsed metadata, ~180 MB for SmolLM2, goes with the reader)."""
     path = _existing_file(path)
     stat = path.stat()
-    return _open_gguf(path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    opener = _open_gguf if keep else _open_gguf.__wrapped__
+    return opener(path.resolve(), stat.st_size, stat.st_mtime_ns, stat.st_ino)
 
 
 @functools.lru_cache(maxsize=1)

@@ -62,13 +62,29 @@ def smollm2_installed() -> bool:
     return True
 
 
-@lru_cache(maxsize=1)
-def load_smollm2():
-    """The float32 Model (30 layers, D=576, 9 query heads sharing 3 KV heads, head dim 64,
-    RoPE "halves", tied head). The first call on a machine dequantises the GGUF into the
-    cache (a progress bar on stderr, ~10 s); later calls memory-map it (well under a second).
-    The same object is returned on every call in a process: don't modify its weights (they
-    are read-only memory maps)."""
+WEIGHTS = ("f32", "q4_1")  # load_smollm2's choices
+
+
+def load_smollm2(weights: str = "f32"):
+    """The Model (30 layers, D=576, 9 query heads sharing 3 KV heads, head dim 64, RoPE
+    "halves", tied head), computing in float32. weights="f32": float32 matrices; the first call
+    on a machine dequantises the GGUF into the cache (a progress bar on stderr, ~10 s), later
+    calls memory-map it (well under a second). weights="q4_1": the file's own Q4_1 blocks (and
+    the Q8_0 embedding) read in place by the fast path (`checkpoint.quant_model`): the same
+    weights, ~100 MB read per decode step instead of ~540 MB. The same object is returned on
+    every call in a process: don't modify its weights (they are read-only memory maps)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    return _load_smollm2(weights)
+
+
+@lru_cache(maxsize=len(WEIGHTS))
+def _load_smollm2(weights: str):
+    """`load_smollm2`, once per process and choice of weights."""
+    if weights == "q4_1":
+        from .quant_model import load_quantized_model
+
+        return load_quantized_model(smollm2_path(), expected_sha256=SHA256, name=MODEL_NAME)
     from .gguf_loader import load_gguf_model
 
     return load_gguf_model(smollm2_path(), expected_sha256=SHA256, name=MODEL_NAME)

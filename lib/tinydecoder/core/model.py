@@ -106,16 +106,20 @@ class Model:
     def new_cache(self, capacity: int = 16) -> KVCache:
         return KVCache(self.config, self.dtype, capacity)
 
-    @property
-    def n_params(self) -> int:
+    def _weights(self) -> list:
         arrays = [self.embed, self.pos_table, self.final_norm]
         if not self.config.tied_embeddings:
             arrays.append(self.lm_head)
         for layer in self.layers:
             arrays += list(layer.arrays().values())
-        return sum(a.size for a in arrays if a is not None)
+        return [a for a in arrays if a is not None]
+
+    @property
+    def n_params(self) -> int:
+        return sum(a.size for a in self._weights())
 
     @property
     def nbytes(self) -> int:
-        """Bytes of weights one forward pass reads (the tied head counted once)."""
-        return self.n_params * self.dtype.itemsize
+        """Bytes of weights one forward pass reads (the tied head counted once; a quantised
+        matrix, fast.compiled.quant_rows.QuantMatrix, counts its blocks' bytes)."""
+        return sum(a.nbytes for a in self._weights())

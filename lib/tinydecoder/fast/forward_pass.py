@@ -44,7 +44,7 @@ from ..core.validate import check_context, check_token_ids
 from . import fused, tunables
 from .attention import attend, attend_one_query
 from .batch_cache import BatchKVCache
-from .compiled import few_queries, few_rows, jit
+from .compiled import few_queries, few_rows, jit, quant_rows
 from .rope_tables import rope_tables, rotate_heads, rotate_with_tables, rotates_heads
 
 # Thresholds measured on one machine (tunables.py records which): where a speed trick starts.
@@ -123,8 +123,11 @@ def product_kernel(x, w) -> str:
     """Which kernel `project` runs for rows x [M, K] times w [K, N]: "few_rows" or "tiles" (numba,
     float32 rows and an out-major float32 weight of at least SKINNY_MIN_WEIGHTS numbers), else
     numpy's "gemv" (GEMV_ROWS rows, one matrix-vector product each), "padded" (to PAD_ROWS_TO rows)
-    or "matmul". The thresholds are tunables.py's."""
+    or "matmul"; a quantised weight (the GGUF's blocks) "quant_rows" (numba), else "dequantised".
+    The thresholds are tunables.py's."""
     M = x.shape[0]
+    if isinstance(w, quant_rows.QuantMatrix):
+        return "quant_rows" if quant_rows.fits(x, w) else "dequantised"
     if few_rows.takes(w) and few_rows.fits(x, w):
         return "few_rows" if M <= tunables.SWEEPS_UP_TO_ROWS else "tiles"
     if M in tunables.GEMV_ROWS:
@@ -155,10 +158,16 @@ def project(x, w, out, work=None):
     Otherwise numpy's BLAS: one row is a matrix-vector product (GEMV), which streams the
     weights; GEMV_ROWS rows run as that many GEMVs; fewer than PAD_ROWS_TO rows are padded with
     zero rows to PAD_ROWS_TO (a zero row changes no other row's result). Why these numbers:
-    tunables.py. work: where the tiles pack the rows (`_Buffers.packed`), or None."""
+    tunables.py. work: where the tiles pack the rows (`_Buffers.packed`), or None. A quantised
+    weight (`quant_rows.QuantMatrix`, the GGUF's blocks) runs in quant_rows' kernels with numba,
+    else dequantised."""
     M = x.shape[0]
     kernel = product_kernel(x, w)
-    if kernel == "few_rows":  # numba: BLAS held to one thread; out C-contiguous float32, as both kernels need
+    if kernel == "quant_rows":  # the file's blocks, read in place
+        quant_rows.product(x, w, out, work)
+    elif kernel == "dequantised":
+        np.matmul(x, np.asarray(w), out=out)
+    elif kernel == "few_rows":  # numba: BLAS held to one thread; out C-contiguous float32, as both kernels need
         few_rows.product(x, w, out)
     elif kernel == "tiles":
         from .compiled import tiles  # imports numba and llvmlite

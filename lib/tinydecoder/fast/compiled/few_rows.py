@@ -54,7 +54,7 @@ def takes(w: np.ndarray) -> bool:
     """Whether the fast path gives weight w to numba's products (this module's sweeps or tiles.py's
     tiles): numba installed, w out-major float32 [K, N] of at least tunables.SKINNY_MIN_WEIGHTS
     numbers. `forward_pass.project` and `fused.fits` both ask it, so the two paths pick alike."""
-    return (available() and w.dtype == np.float32 and w.ndim == 2 and w.flags.f_contiguous
+    return (available() and isinstance(w, np.ndarray) and w.dtype == np.float32 and w.ndim == 2 and w.flags.f_contiguous
             and w.size >= tunables.SKINNY_MIN_WEIGHTS)
 
 

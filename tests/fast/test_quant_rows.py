@@ -1,0 +1,140 @@
+"""fast.compiled.quant_rows: rows times GGUF Q4_1 / Q8_0 blocks read in place equals x @ dequantised(W).T."""
+import numpy as np
+import pytest
+
+from tinydecoder.fast.compiled import jit
+from tinydecoder.fast.compiled import quant_rows as qr
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType  # noqa: E402
+
+needs_numba = pytest.mark.skipif(not jit.available(), reason="needs the [fast] extra (numba, threadpoolctl)")
+EPS = np.finfo(np.float32).eps
+
+
+def halves(values) -> np.ndarray:
+    """float16 values as their little-endian bytes [..., 2]."""
+    v = np.asarray(values, "<f2")
+    return v.view(np.uint8).reshape(*v.shape, 2)
+
+
+def random_blocks(rng, N: int, K: int, kind: str) -> np.ndarray:
+    """Distinct random blocks [N, K/32 * bytes]: scales of both signs, some zero, some subnormal."""
+    nb = K // 32
+    d = rng.uniform(-0.05, 0.05, (N, nb))
+    d[rng.random((N, nb)) < 0.05] = 0.0
+    d[rng.random((N, nb)) < 0.03] = 3e-6  # a float16 subnormal
+    if kind == "Q4_1":
+        raw = np.empty((N, nb, 20), np.uint8)
+        raw[..., 0:2] = halves(d)
+        raw[..., 2:4] = halves(rng.uniform(-0.4, 0.4, (N, nb)))
+        raw[..., 4:] = rng.integers(0, 256, (N, nb, 16), dtype=np.uint8)
+    else:
+        raw = np.empty((N, nb, 34), np.uint8)
+        raw[..., 0:2] = halves(d)
+        raw[..., 2:] = rng.integers(0, 256, (N, nb, 32), dtype=np.uint8)
+    return raw.reshape(N, -1)
+
+
+def gguf_weights(raw, kind: str, K: int) -> np.ndarray:
+    """The gguf package's own dequantisation: [N, K] float32."""
+    return np.asarray(gguf_quants.dequantize(raw, GGMLQuantizationType[kind]), np.float32).reshape(-1, K)
+
+
+def bound(x, raw, kind: str, K: int) -> np.ndarray:
+    """A float32 rounding bound for x @ W.T: 4 sqrt(K) eps sum_k |x_k| (15 |d| + |m|) (Q8_0: 128 |d|)."""
+    nb = K // 32
+    blocks = raw.reshape(raw.shape[0], nb, -1)
+    d = np.abs(blocks[..., 0:2].copy().view("<f2").astype(np.float64))
+    if kind == "Q4_1":
+        m = np.abs(blocks[..., 2:4].copy().view("<f2").astype(np.float64))
+        mag = d * 15 + m
+    else:
+        mag = d * 128
+    absw = np.repeat(mag[..., 0], 32, axis=1)  # [N, K]
+    return 4 * K ** 0.5 * EPS * (np.abs(x).astype(np.float64) @ absw.T) + 1e-30
+
+
+def test_dequantize_rows_equals_gguf_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for kind in ("Q4_1", "Q8_0"):
+        raw = random_blocks(rng, 7, 96, kind)
+        w = qr.QuantMatrix.from_blocks(raw, kind, 96)
+        assert np.array_equal(w.dequantize().T, gguf_weights(raw, kind, 96))
+        assert np.array_equal(np.asarray(w), w.dequantize())
+        assert np.array_equal(w.T[np.array([6, 0, 6])], gguf_weights(raw, kind, 96)[[6, 0, 6]])
+
+
+@needs_numba
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("N,K", [(1, 32), (7, 64), (33, 576), (130, 2048), (250, 160)])
+def test_rows_times_equals_dequantised_product(kind, N, K):
+    rng = np.random.default_rng(N * 7 + K)
+    raw = random_blocks(rng, N, K, kind)
+    w = qr.QuantMatrix.from_blocks(raw, kind, K)
+    W = gguf_weights(raw, kind, K).astype(np.float64)  # [N, K]
+    for M in (1, 2, 3, 4, 5, 7, 8, 9, 17, 40):
+        x = rng.standard_normal((M, K)).astype(np.float32)
+        x[0, :32] = 0.0  # a block of zeros in the input
+        out = qr.rows_times(x, w, np.full((M, N), np.nan, np.float32))
+        err = np.abs(out - x.astype(np.float64) @ W.T)
+        assert (err <= bound(x, raw, kind, K)).all(), (M, float(err.max()))
+
+
+@needs_numba
+def test_swapped_nibbles_are_caught():
+    """The bound is tight enough to see a kernel that read the high nibble first."""
+    rng = np.random.default_rng(5)
+    K, N = 256, 40
+    raw = random_blocks(rng, N, K, "Q4_1")
+    swapped = raw.reshape(N, K // 32, 20).copy()
+    swapped[..., 4:] = (swapped[..., 4:] >> 4) | (swapped[..., 4:] << 4)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    out = qr.rows_times(x, qr.QuantMatrix.from_blocks(raw, "Q4_1", K), np.empty((3, N), np.float32))
+    wrong = x.astype(np.float64) @ gguf_weights(swapped.reshape(N, -1), "Q4_1", K).T.astype(np.float64)
+    assert (np.abs(out - wrong) > bound(x, raw, "Q4_1", K)).mean() > 0.9
+
+
+@needs_numba
+@pytest.mark.parametrize("M", [1, 6, 20])
+def test_parts_write_their_own_columns(M):
+    """Two tensors fused as parts, the first with its rows permuted (as Q/K are): column c of the
+    product is the weight row named c."""
+    rng = np.random.default_rng(M)
+    K = 128
+    a, b = random_blocks(rng, 12, K, "Q4_1"), random_blocks(rng, 5, K, "Q4_1")
+    perm = rng.permutation(12)
+    w = qr.QuantMatrix([(a, perm), (b, np.arange(12, 17))], "Q4_1", K)
+    W = np.zeros((17, K))
+    W[perm] = gguf_weights(a, "Q4_1", K)
+    W[12:] = gguf_weights(b, "Q4_1", K)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    out = qr.rows_times(x, w, np.empty((M, 17), np.float32))
+    np.testing.assert_allclose(out, x @ W.T, rtol=0, atol=1e-4)
+    assert np.array_equal(np.asarray(w), W.T.astype(np.float32))
+    head = w[:, 12:]  # a whole part: the second tensor
+    assert head.shape == (K, 5) and np.array_equal(np.asarray(head), gguf_weights(b, "Q4_1", K).T)
+    with pytest.raises(ValueError, match="cut a part"):
+        w[:, 3:14]
+
+
+def test_bad_shapes_are_clear_errors():
+    rng = np.random.default_rng(1)
+    raw = random_blocks(rng, 4, 64, "Q4_1")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        qr.QuantMatrix.from_blocks(raw, "Q4_1", 60)
+    with pytest.raises(ValueError, match="uint8"):
+        qr.QuantMatrix.from_blocks(raw, "Q4_1", 96)  # rows of 40 bytes are not 3 blocks
+    with pytest.raises(ValueError, match="kind"):
+        qr.QuantMatrix.from_blocks(raw, "Q5_0", 64)
+    w = qr.QuantMatrix.from_blocks(raw, "Q4_1", 64)
+    with pytest.raises(ValueError, match=r"float32 x \[M, 64\]"):
+        qr.rows_times(np.zeros((2, 32), np.float32), w, np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"float32 x"):
+        qr.rows_times(np.zeros((2, 64)), w, np.empty((2, 4), np.float32))
+    with pytest.raises(ValueError, match="out of shape"):
+        qr.rows_times(np.zeros((2, 64), np.float32), w, np.empty((2, 5), np.float32))
+    with pytest.raises(ValueError, match="table view"):
+        qr.rows_times(np.zeros((2, 64), np.float32), w.T, np.empty((2, 4), np.float32))
+    with pytest.raises(IndexError):
+        w.T[np.array([4])]
