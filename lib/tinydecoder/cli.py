@@ -1,4 +1,4 @@
-"""Command line: `python -m tinydecoder seed|generate|bench|verify|grade ...`."""
+"""Command line: `python -m tinydecoder seed|generate|bench|verify|grade|eval ...`."""
 from __future__ import annotations
 
 import argparse
@@ -293,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)"))
     from .lessons.grading import add_grade_parser  # issue 22: python -m tinydecoder grade
     add_grade_parser(sub)
+    from .lessons.quality_cli import add_eval_parser  # python -m tinydecoder eval (perplexity, KL to float32)
+    add_eval_parser(sub)
     return parser
 
 
