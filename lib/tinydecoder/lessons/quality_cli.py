@@ -14,7 +14,7 @@ import json
 import math
 import sys
 
-from .quality import EVAL_TEXT, check_windows, score, shipped_text, text_sources
+from .quality import EVAL_TEXT, score, shipped_text, text_sources
 from .quality_variants import KV_BITS, N_EXPERTS, WEIGHTS, Variant, build_runner, calibration_sequences, reference_runner
 
 DEFAULT_TOKENS = 4096  # 15 windows of 512 (stride 256): well under a minute for f32 on 2 idle cores
@@ -53,9 +53,9 @@ def add_eval_parser(subparsers) -> None:
 
 
 def variant_from_args(args) -> Variant:
-    piece = args.piece if args.piece is not None else min(DEFAULT_PIECE, args.window or DEFAULT_PIECE)
     if args.piece is not None and args.window is None:
         raise ValueError("--piece applies to the sink cache: it needs --window W")
+    piece = args.piece if args.piece is not None else min(DEFAULT_PIECE, args.window) if args.window else 1
     return Variant(weights=args.weights, kv=args.kv, sinks=args.sinks, window=args.window, experts=args.experts,
                    early_exit=args.early_exit, piece=piece).check()
 
@@ -93,8 +93,15 @@ def cmd_eval(args) -> int:
 
     from ..checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
 
-    variant = variant_from_args(args)
-    check_windows(max(args.tokens, 2), args.context, args.stride)  # before the model loads
+    variant = variant_from_args(args)  # bad flags are reported before the model loads
+    available = text_sources()["files"][EVAL_TEXT]["smollm2_tokens"]
+    if not 2 <= args.tokens <= available:
+        raise ValueError(f"--tokens must be in 2..{available} (the shipped text's tokens), got {args.tokens}")
+    if args.context < 2:
+        raise ValueError(f"--context (tokens per window) must be >= 2, got {args.context}")
+    if not 1 <= args.stride < args.context:
+        raise ValueError(f"--stride must be in 1..{args.context - 1} (below --context, so that windows overlap and "
+                         f"each scored token has context), got {args.stride}")
     progress = lambda **kw: tqdm(file=sys.stderr, leave=False, **kw)
     out = evaluate(load_smollm2(), smollm2_tokenizer(), variant, args.tokens, args.context, args.stride, progress)
     if args.json:
