@@ -189,7 +189,6 @@ def test_the_shipped_text_records_where_it_came_from():
 
 def test_the_shipped_topics_match_this_python_when_it_is_the_recorded_one():
     import platform
-
     import pydoc_data.topics
 
     if platform.python_version() != q.text_sources()["python"]:
