@@ -212,7 +212,7 @@ def test_eval_json_on_smollm2(smollm2, capsys):
     assert cli.main(argv) == 0
     ref = json.loads(capsys.readouterr().out)  # one object
     assert {"perplexity", "tokens", "kl_to_reference", "variant", "windows", "reference_perplexity",
-            "scored_tokens", "context", "stride", "text", "seconds"} <= set(ref)
+            "scored_tokens", "context", "stride", "text", "seconds", "setup_seconds"} <= set(ref)
     assert ref["tokens"] == 100 and ref["scored_tokens"] == 99 and ref["windows"] == 2
     assert ref["variant"] == {"weights": "f32", "kv": None, "sinks": None, "window": None, "experts": None,
                               "early_exit": None, "piece": 1}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 
 from .quality import EVAL_TEXT, score, shipped_text, text_sources
 from .quality_variants import KV_BITS, N_EXPERTS, WEIGHTS, Variant, build_runner, calibration_sequences, reference_runner
@@ -71,11 +72,13 @@ def check_tokens(tokens: int, available: int, context: int) -> int:
 def evaluate(model, tokenizer, variant: Variant, tokens: int = DEFAULT_TOKENS, context: int = DEFAULT_CONTEXT,
              stride: int = DEFAULT_STRIDE, progress=None) -> dict:
     """The JSON object `eval --json` prints, for `variant` on the first `tokens` of the text."""
+    started = time.perf_counter()
     all_ids = tokenizer.encode(shipped_text())
     ids = all_ids[:check_tokens(tokens, len(all_ids), context)]
     calibration = calibration_sequences(tokenizer) if variant.experts is not None else None
     run = build_runner(model, variant, calibration)
     reference = None if variant.is_reference else reference_runner(model)
+    setup = time.perf_counter() - started  # tokenising, and building the variant (re-quantising, MoEfication)
     result = score(run, ids, context, stride, reference, progress)
     sources = text_sources()
     return {"perplexity": result.perplexity, "tokens": len(ids), "scored_tokens": len(result.nll),
@@ -83,7 +86,7 @@ def evaluate(model, tokenizer, variant: Variant, tokens: int = DEFAULT_TOKENS, c
             "reference_perplexity": result.perplexity if reference is None else
             float(math.exp(result.reference_nll.mean())),
             "variant": variant.to_dict(), "windows": len(result.windows), "context": context, "stride": stride,
-            "seconds": round(result.seconds, 2), "model": model.config.name,
+            "seconds": round(result.seconds, 2), "setup_seconds": round(setup, 2), "model": model.config.name,
             "text": {"file": EVAL_TEXT, "python": sources["python"], "source": "pydoc_data.topics",
                      "topics": sources["files"][EVAL_TEXT]["topics"]}}
 
@@ -112,5 +115,6 @@ def cmd_eval(args) -> int:
           f"(Python {out['text']['python']}), {out['windows']} windows of {out['context']} (stride {out['stride']})")
     print(f"perplexity {out['perplexity']:.4f} (float32 reference {out['reference_perplexity']:.4f}, "
           f"{100 * (out['perplexity'] / out['reference_perplexity'] - 1):+.2f} %)")
-    print(f"KL(float32 || variant) {out['kl_to_reference']:.5f} nats per token; {out['seconds']:.1f} s")
+    print(f"KL(float32 || variant) {out['kl_to_reference']:.5f} nats per token; scoring {out['seconds']:.1f} s "
+          f"(+ {out['setup_seconds']:.1f} s to tokenise and build the variant)")
     return 0
