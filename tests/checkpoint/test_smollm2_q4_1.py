@@ -3,13 +3,13 @@ f32 model's answers: the same greedy tokens, last logits within a float32 bound.
 import numpy as np
 import pytest
 
+from tinydecoder import fast
 from tinydecoder.checkpoint.quant_model import halves_columns
 from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
-from tinydecoder import fast
 from tinydecoder.core import reference
+from tinydecoder.decoding.generate import generate
 from tinydecoder.fast.compiled import jit
 from tinydecoder.fast.compiled.quant_rows import QuantMatrix
-from tinydecoder.decoding.generate import generate
 
 needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]

@@ -22,9 +22,9 @@ def run_json(capsys, *argv):
 
 
 def test_every_command_is_one_module_with_add_parser_and_run():
-    assert set(COMMANDS) == {"seed", "generate", "bench", "verify", "serve", "grade"}
-    for name, module in COMMANDS.items():
-        assert module.__name__ == f"tinydecoder.cli.{name}" and callable(module.run)
+    assert set(COMMANDS) == {"seed", "generate", "bench", "verify", "serve", "grade", "eval"}
+    for name, module in COMMANDS.items():  # eval's module is evaluate.py (eval is Python's builtin)
+        assert module.__name__ == f"tinydecoder.cli.{'evaluate' if name == 'eval' else name}" and callable(module.run)
         assert build_parser().parse_args([name] + (["--prompt", "0"] if name == "generate" else [])
                                          + (["x.ipynb"] if name == "grade" else [])).command == name
 

@@ -1,4 +1,4 @@
-"""Command line: `python -m tinydecoder seed|generate|bench|verify|serve|grade ...`.
+"""Command line: `python -m tinydecoder seed|generate|bench|verify|serve|grade|eval ...`.
 
 One module per command, each with `add_parser(subparsers)` and `run(args) -> int`; `main`
 parses the arguments and runs the command named (one dispatch, here). Which model a command
@@ -12,17 +12,19 @@ runs ("toy" or "smollm2") is chosen in checkpoint.registry.
     verify     cli/verify.py     a weight cache against its recorded sha256
     serve      cli/serve.py      the OpenAI-compatible HTTP server
     grade      cli/grade.py      run notebooks headless and grade their exercises
+    eval       cli/evaluate.py      perplexity on a shipped text, and KL to float32, per approximation
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import bench, generate, grade, seed, serve, verify
+from . import bench, evaluate, generate, grade, seed, serve, verify
 from .args import load_bench_model
 from .bench import MALLOC_NOTE
 
-COMMANDS = {"seed": seed, "bench": bench, "generate": generate, "verify": verify, "serve": serve, "grade": grade}
+COMMANDS = {"seed": seed, "bench": bench, "generate": generate, "verify": verify, "serve": serve, "grade": grade,
+            "eval": evaluate}
 
 __all__ = ["COMMANDS", "MALLOC_NOTE", "build_parser", "keep_freed_memory_for", "load_bench_model", "main"]
 

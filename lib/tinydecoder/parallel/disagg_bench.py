@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-from ..core import fast, skinny
+from .. import fast
+from ..fast.compiled import jit
 from ..serving.engine import Engine
 from ..serving.requests import Request
 from .disagg import check_workload, disaggregated_rank
@@ -42,7 +43,7 @@ def pin(cores) -> dict:
     """Pin this process to `cores` and run numba's kernels on that many threads; return the facts."""
     if cores is not None:
         os.sched_setaffinity(0, set(int(c) for c in cores))
-        if skinny.available():
+        if jit.available():
             import numba
 
             numba.set_num_threads(min(len(cores), numba.config.NUMBA_NUM_THREADS))
@@ -65,7 +66,7 @@ def cpu_model() -> str:
 def rank_facts() -> dict:
     facts = {"pid": os.getpid(), "cores": sorted(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
              "numba_threads": None, "blas_threads": None}
-    if skinny.available():
+    if jit.available():
         import numba
         from threadpoolctl import threadpool_info
 
