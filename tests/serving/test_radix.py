@@ -257,3 +257,35 @@ def test_eviction_granularity_by_hand():
     work = [ReplayRequest("r0", [1, 2, 3, 4]), ReplayRequest("r1", [5, 6]), ReplayRequest("r2", [1, 2, 3, 9])]
     assert [r[2] for r in replay(work, BlockHashCache(1, capacity_blocks=4)).rows] == [0, 0, 2]
     assert [r[2] for r in replay(work, RadixReplay(capacity_tokens=4)).rows] == [0, 0, 0]
+
+
+def test_prefix_reuse_is_what_the_paged_pool_hands_back():
+    """prefix_reuse (notebook 18's widget) predicts, per block size, the tokens a PagedKVPool with
+    prefix caching hands each later prompt; the shared prefix bounds it; bad sizes are refused."""
+    import numpy as np
+
+    import tinydecoder as td
+    from tinydecoder.serving.paged import PagedKVPool
+    from tinydecoder.serving.prefix_replay import prefix_reuse, shared_prefix
+
+    rng = np.random.default_rng(3)
+    head = list(rng.integers(0, 50, 37))
+    prompts = [head + list(rng.integers(0, 50, n)) for n in (5, 12, 1)] + [head[:20] + [7, 7, 7]]
+    cfg = td.Config(vocab_size=50, d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, n_layers=1, d_ff=16,
+                    max_context=128, position="rope", name="reuse")
+    model = td.random_model(cfg, seed=1, dtype=np.float64)
+    for B in (1, 4, 16, 64):
+        view = prefix_reuse(prompts, B)
+        pool = PagedKVPool.for_model(model, n_blocks=64, block_size=B)
+        got = []
+        for i, p in enumerate(prompts):
+            seq = pool.new_sequence(p)
+            if i:
+                got.append(seq.n_cached)
+            td.forward(model, seq.pending_tokens, seq)
+        assert view["reused"] == got, B
+        assert all(r <= s for r, s in zip(view["reused"], view["shared"]))
+    assert shared_prefix([1, 2, 3], [1, 2, 4]) == 2 and shared_prefix([1, 2], [1, 2, 3]) == 2
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
+            prefix_reuse(prompts, bad)

@@ -287,3 +287,17 @@ def test_cache_scrubber_widget_slider_redraws(toy):
     trace = td.Trace()
     td.forward(toy, box.data["context"], trace=trace)
     np.testing.assert_allclose(box.data["new_query_weights"], trace.attention_weights[(1, 0)][:, -1], atol=1e-13)
+
+
+def test_prefix_reuse_widget_slider_drives_the_view():
+    from tinydecoder.widgets import prefix_reuse_figure, prefix_reuse_widget
+
+    prompts = [list(range(40)), list(range(33)) + [99] * 5, list(range(10)) + [98] * 30]
+    box = prefix_reuse_widget(prompts)
+    assert box.data["block_size"] == 16 and box.data["shared"] == [33, 10] and box.data["reused"] == [32, 0]
+    box.controls["block_size"].value = 8
+    assert box.data["reused"] == [32, 8]
+    box.controls["block_size"].value = 64
+    assert box.data["reused"] == [0, 0]
+    fig = prefix_reuse_figure(box.data)
+    assert len(fig.axes[0].patches) == 4 and "block size 64" in fig.axes[0].get_title()

@@ -23,7 +23,9 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from ..core.validate import positive_int
+import numpy as np
+
+from ..core.validate import is_int, positive_int
 from .blocks import block_hashes
 from .radix import CacheFullError, RadixCache, check_token_list
 
@@ -204,3 +206,28 @@ def replay(requests, cache, policy: str = "fcfs") -> ReplayReport:
         cache.finish(request, cached)
         report.rows.append([request.name, len(request.prompt), cached])
     return report
+
+
+# ----------------------------------------------------------------------------- what whole blocks reuse
+
+def shared_prefix(a, b) -> int:
+    """Tokens at the start of `a` and `b` that are equal."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
+
+
+def prefix_reuse(prompts, block_size: int) -> dict:
+    """For each prompt after the first, arriving in order into a pool that caches every full block:
+    the tokens it shares with an earlier prompt ("shared"), and the tokens a block-hash cache of
+    `block_size` hands back ("reused": whole blocks of the shared prefix, leaving at least one token
+    to prefill, as `PagedKVPool.match_prefix` does)."""
+    if not is_int(block_size) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+    if len(prompts) < 2:
+        raise ValueError(f"prefix reuse needs at least two prompts, got {len(prompts)}")
+    shared = [max(shared_prefix(p, q) for q in prompts[:i]) for i, p in enumerate(prompts) if i]
+    usable = [(len(p) - 1) // block_size for p in prompts[1:]]
+    reused = [min(s // block_size, u) * block_size for s, u in zip(shared, usable)]
+    return {"block_size": int(block_size), "shared": shared, "reused": reused,
+            "prompt_tokens": [len(p) for p in prompts[1:]]}

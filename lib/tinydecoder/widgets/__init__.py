@@ -15,5 +15,6 @@ from ..core.validate import check_token_ids  # noqa: F401 (widgets.check_token_i
 from .base import *  # noqa: F403
 from .base import STYLE, _in_ipython  # noqa: F401
 from .model import *  # noqa: F403
+from .prefix import prefix_reuse_figure, prefix_reuse_widget  # noqa: F401
 from .realmodel import *  # noqa: F403
 from .serving import *  # noqa: F403
