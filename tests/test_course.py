@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-PARTS = {range(1, 11): "Part I", range(11, 16): "Part II", range(16, 21): "Part III", range(21, 23): "Part IV",
-         range(23, 25): "Part V"}
+PARTS = {range(1, 11): "Part I", range(11, 16): "Part II", range(16, 22): "Part III", range(22, 24): "Part IV",
+         range(24, 26): "Part V"}
 
 
 def load(path):

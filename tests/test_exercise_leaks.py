@@ -135,8 +135,8 @@ def leaks(nb, exercises) -> list:
 # Exercises whose answer is on screen by design, each with the reason.
 ALLOWED = {
     ("09_sampling.ipynb", "top-p 1"): "the question states the vocabulary size; it asks whether top-p = 1 drops any",
-    ("18_prefix_and_chunked_prefill.ipynb", "reused with B = 32"): "96 is printed above only as a token index (96..111)",
-    ("19_continuous_batching.ipynb", "E's static batch starts"): "14 is printed above as other quantities "
+    ("18_prefix_caching.ipynb", "reused with B = 32"): "96 is printed above only as a token index (96..111)",
+    ("20_continuous_batching.ipynb", "E's static batch starts"): "14 is printed above as other quantities "
     "(the continuous run's step count, a prompt length)",
 }
 

@@ -30,7 +30,7 @@ ALLOWED = {
         "1.0": "one: a generic constant",
         "100%": "all of it",
     },
-    "08": {"4521": "seed 003's made-up id for \"Paris\" (../shared/seeds/003), quoted to be refuted"},
+    "08": {"4521": "the walk-through's made-up id for \"Paris\" (../shared/seeds/003), quoted to be refuted"},
     "09": {"90": "top-p 0.9 written as a percentage of the probability mass"},
     "16": {"5120": "OPT-13B's width (Zhang et al., OPT, arXiv:2205.01068, Table 1), cited by the vLLM paper"},
 }

@@ -17,7 +17,7 @@ from tinydecoder.cli import main as cli_main
 
 # ---------------------------------------------------------------- an independent reference
 def reference_seed_logits(tokens):
-    """Seed 000's decoder in plain Python floats, written from its description (not from our
+    """the worked example's decoder in plain Python floats, written from its description (not from our
     library): returns the last position's logits for a full-context pass over `tokens`."""
     rng = random.Random(7)
     draw = lambda r, c: [[rng.uniform(-0.2, 0.2) for _ in range(c)] for _ in range(r)]
@@ -101,7 +101,7 @@ def test_work_counts_match_the_trace(toy):
         d, Hq = toy.config.head_dim, toy.config.n_heads
         # score pairs count the causal (visible) pairs: the nonzero attention weights
         assert pairs == sum(np.count_nonzero(w) for w in trace.attention_weights.values())
-        # the FLOP count is the full-rectangle matmul count, 4*Hq*S*T*d per layer (seed 000's formula)
+        # the FLOP count is the full-rectangle matmul count, 4*Hq*S*T*d per layer (the worked example's formula)
         T = past + len(new)
         assert trace.total_flops(op="attention") == toy.config.n_layers * 4 * Hq * len(new) * T * d
         for (_layer, _), w in trace.attention_weights.items():

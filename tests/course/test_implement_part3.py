@@ -1,4 +1,4 @@
-"""Part III's "implement it" exercises (chapters 16, 17, 19): the library's answers pass every
+"""Part III's "implement it" exercises (chapters 16, 17, 20): the library's answers pass every
 case, and each classic mistake fails the case written to catch it. Also: the library's
 references agree with the engine they stand for (PagedKVPool, run_schedule)."""
 import io
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.course.implement import ch16, ch17, ch19
+from tinydecoder.course.implement import ch16, ch17, ch20
 from tinydecoder.course.implement.case import Case
 from tinydecoder.lessons.memory_replay import allocator_tables, request_workload, workload_memory
 from tinydecoder.serving.block_allocator import BlockAllocator, blocks_for
@@ -236,8 +236,8 @@ def step_variant(**mistake):
 
 
 def test_19_library_and_a_correct_answer_pass():
-    assert failing(ch19, "schedule_step", schedule_step) == set()
-    assert failing(ch19, "schedule_step", step_variant()) == set()
+    assert failing(ch20, "schedule_step", schedule_step) == set()
+    assert failing(ch20, "schedule_step", step_variant()) == set()
 
 
 @pytest.mark.parametrize("mistake, case", [
@@ -248,12 +248,12 @@ def test_19_library_and_a_correct_answer_pass():
     (dict(continue_first=False), "running prefills before admissions"),
 ])
 def test_19_each_mistake_fails_its_case(mistake, case):
-    assert case in failing(ch19, "schedule_step", step_variant(**mistake))
+    assert case in failing(ch20, "schedule_step", step_variant(**mistake))
 
 
 def test_19_reversed_arrival_order_fails():
     lifo = lambda r, w, b, m: schedule_step(r, list(reversed(w)), b, m)
-    assert "arrival order" in failing(ch19, "schedule_step", lifo)
+    assert "arrival order" in failing(ch20, "schedule_step", lifo)
 
 
 def test_19_replay_with_schedule_step_is_run_schedule():

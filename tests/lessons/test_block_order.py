@@ -1,9 +1,9 @@
-"""Lesson helpers of the course's first notebooks: seed 003's post-norm block (notebook 03)."""
+"""Lesson helpers of the course's first notebooks: the walk-through's post-norm block (notebook 03)."""
 import numpy as np
 import pytest
 
 import tinydecoder as td
-from tinydecoder.lessons.block_order import seed003_block, seed003_logits
+from tinydecoder.lessons.block_order import walkthrough_block, walkthrough_logits
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def test_seed_block_is_layernorm_of_attention_plus_ffn(toy):
                         (x @ lw.wv).reshape(S, cfg.n_kv_heads, d))
     ffn = td.silu(attn @ lw.w_gate) * (attn @ lw.w_up) @ lw.w_down
     expected = td.rmsnorm(attn + ffn, None, cfg.norm_eps)
-    out = seed003_block(lw, x, cfg)
+    out = walkthrough_block(lw, x, cfg)
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-12)
     np.testing.assert_allclose(np.sqrt((out ** 2).mean(axis=1)), 1.0, atol=2e-3)  # normalised after (eps: not exactly 1)
 
@@ -30,9 +30,9 @@ def test_seed_block_differs_from_pre_norm_block(toy):
     model, x = toy
     S = x.shape[0]
     pre = td.decoder_block(model.layers[0], x, np.arange(S), model.new_cache(S).layer(0))
-    seed = seed003_block(model.layers[0], x, model.config)
+    seed = walkthrough_block(model.layers[0], x, model.config)
     assert np.abs(pre - seed).max() > 0.1
-    seed_logits = seed003_logits(model, td.SEED_PROMPT)
+    seed_logits = walkthrough_logits(model, td.SEED_PROMPT)
     assert seed_logits.shape == (S, model.config.vocab_size)
     assert np.abs(seed_logits - td.forward(model, td.SEED_PROMPT)).max() > 0.1
 
@@ -40,13 +40,13 @@ def test_seed_block_differs_from_pre_norm_block(toy):
 def test_seed_block_errors_name_the_problem(toy):
     model, x = toy
     with pytest.raises(ValueError, match=r"shape \[S, 8\]"):
-        seed003_block(model.layers[0], x[:, :4], model.config)
+        walkthrough_block(model.layers[0], x[:, :4], model.config)
     rope_cfg = td.Config(vocab_size=13, d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, n_layers=1, d_ff=24,
                          max_context=16, position="rope", rope_base=100.0)
     rope_model = td.random_model(rope_cfg, seed=0)
     with pytest.raises(ValueError, match="position table"):
-        seed003_logits(rope_model, [1, 2])
+        walkthrough_logits(rope_model, [1, 2])
     narrow = td.Config(vocab_size=13, d_model=16, n_heads=2, n_kv_heads=1, head_dim=4, n_layers=1, d_ff=24,
                        max_context=16)
     with pytest.raises(ValueError, match="n_heads \\* head_dim == d_model"):
-        seed003_logits(td.random_model(narrow, seed=0), [1, 2])
+        walkthrough_logits(td.random_model(narrow, seed=0), [1, 2])

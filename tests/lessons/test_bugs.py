@@ -95,7 +95,7 @@ def test_bad_arguments(toy):
 
 
 def test_seed003_decode_fed_the_last_hidden_state():
-    """Seed 003 starts the decode step from the prefill's last hidden state: the logits differ
+    """the walk-through starts the decode step from the prefill's last hidden state: the logits differ
     from a full recompute, while the right step (the chosen token's embedding) matches it."""
     model = td.toy_model()
     step = bugs.decode_fed_hidden_state(model, td.SEED_PROMPT)

@@ -1,4 +1,4 @@
-"""The machine model of notebook 22: colocated, chunked and disaggregated serving simulated from a
+"""The machine model of notebook 23: colocated, chunked and disaggregated serving simulated from a
 few costs. Hand-computed cases pin the arithmetic; the sweep's crossover is checked against the
 simulated numbers it comes from."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""Notebook 22's measurement: colocated, chunked and disaggregated serving of one workload on real
+"""Notebook 23's measurement: colocated, chunked and disaggregated serving of one workload on real
 ranks (a small random model: seconds), the cores each rank is pinned to, and conclusions whose
 wording follows the numbers."""
 import os

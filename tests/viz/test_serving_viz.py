@@ -151,7 +151,7 @@ def test_ttft_bars():
 
 def test_first_token_star_sits_in_the_cell_of_its_step_under_that_steps_tick():
     """The ★ is drawn inside the cell of first_token_step, and the tick labelled with that
-    step's number is in the same cell (notebook 19 asks learners to read the step off it)."""
+    step's number is in the same cell (notebook 20 asks learners to read the step off it)."""
     schedule = run_schedule(TOY, demo_requests("staggered"), token_budget=8)
     fig, ax = plt.subplots()
     viz.schedule_timeline(ax, schedule)
@@ -165,5 +165,5 @@ def test_first_token_star_sits_in_the_cell_of_its_step_under_that_steps_tick():
         assert step < x < step + 1  # inside the cell [step, step + 1)
         assert step < ticks[str(step)] < step + 1  # and under the tick that names the step
         assert r.request.arrival < float(arrival.get_xdata()[0]) < r.request.arrival + 1
-    assert schedule.results[2].first_token_step == 5  # C: notebook 19's exercise 3
+    assert schedule.results[2].first_token_step == 5  # C: notebook 20's exercise 3
     plt.close(fig)

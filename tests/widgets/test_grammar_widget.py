@@ -1,4 +1,4 @@
-"""Notebook 24's step view of a constrained generation, on the toy model with a six-token
+"""Notebook 25's step view of a constrained generation, on the toy model with a six-token
 tokenizer (ids read as <eos> a b c ab ba): the data per step, the slider, the figure."""
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """The models a command or the server can run, chosen by name in this one place.
 
-    "toy"      seed 000's decoder (core.toy): no tokenizer, its "text" is token ids ("0 1 2 3")
+    "toy"      the worked example's decoder (core.toy): no tokenizer, its "text" is token ids ("0 1 2 3")
     "smollm2"  SmolLM2-135M-Instruct (checkpoint.smollm2): byte-level BPE, a chat template, and two
                tokens that end a reply (<|im_end|>, <|endoftext|>)
 

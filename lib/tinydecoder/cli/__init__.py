@@ -4,7 +4,7 @@ One module per command, each with `add_parser(subparsers)` and `run(args) -> int
 parses the arguments and runs the command named (one dispatch, here). Which model a command
 runs ("toy" or "smollm2") is chosen in checkpoint.registry.
 
-    seed       cli/seed.py       seed 000's toy decoder with and without a KV cache
+    seed       cli/seed.py       the worked example's toy decoder with and without a KV cache
     generate   cli/generate.py   text (or toy ids); --beams, --speculative, --tensor-parallel,
                                  --json-schema/--regex/--lark (cli/beams.py, speculative.py,
                                  parallel.py, grammar.py)

@@ -1,4 +1,4 @@
-"""`python -m tinydecoder seed`: seed 000's toy decoder with and without a KV cache, round by round."""
+"""`python -m tinydecoder seed`: the worked example's toy decoder with and without a KV cache, round by round."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from .args import positive_int_arg
 
 
 def add_parser(subparsers) -> None:
-    seed = subparsers.add_parser("seed", help="run seed 000's toy decoder with and without a KV cache")
+    seed = subparsers.add_parser("seed", help="run the worked example's toy decoder with and without a KV cache")
     seed.add_argument("--new-tokens", type=positive_int_arg, default=4, help="tokens to generate (default 4)")
     seed.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -24,7 +24,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"full_context": full.to_dict(), "with_cache": cached.to_dict()}, indent=2))
         return 0
-    print(f"Seed 000's toy decoder (float64), prompt {SEED_PROMPT}, {args.new_tokens} greedy tokens\n")
+    print(f"the worked example's toy decoder (float64), prompt {SEED_PROMPT}, {args.new_tokens} greedy tokens\n")
     print(f"{'round':<14}{'input':<16}{'cache after':<13}{'next token':<12}{'max |logits diff| vs full'}")
     for ev_c, ev_f in zip(cached.events, full.events):
         fed = cached.tokens[ev_c.context_tokens - ev_c.input_rows: ev_c.context_tokens]

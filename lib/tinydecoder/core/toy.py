@@ -1,4 +1,4 @@
-"""The toy decoder of seed 000, weight for weight.
+"""The toy decoder of the worked example, weight for weight.
 
 D=8, 2 query heads sharing 1 KV head of width 4, 2 layers, FFN 16, vocab 6, a 64-row
 position table, RMSNorm (eps 1e-6) without a learned scale, no RoPE, untied output head.

@@ -1,4 +1,4 @@
-"""Seed 003's decoder block, for notebook 03 to refute: `LayerNorm(attn_output + ffn_output)`.
+"""the walk-through's decoder block, for notebook 03 to refute: `LayerNorm(attn_output + ffn_output)`.
 
 Compared with the pre-norm block that every Llama-style model runs (`core.model.decoder_block`),
 the seed's block is wrong in three ways at once:
@@ -20,14 +20,14 @@ from ..core.validate import check_token_ids
 
 def _check_fits(config) -> None:
     if config.position != "table":
-        raise ValueError(f"seed003_block is for models with a position table, got position={config.position!r}")
+        raise ValueError(f"walkthrough_block is for models with a position table, got position={config.position!r}")
     if config.n_heads * config.head_dim != config.d_model:
-        raise ValueError("seed 003's block feeds attention's concatenated heads straight into the FFN, which "
+        raise ValueError("the walk-through's block feeds attention's concatenated heads straight into the FFN, which "
                          f"needs n_heads * head_dim == d_model; got {config.n_heads} * {config.head_dim} "
                          f"!= {config.d_model}")
 
 
-def seed003_block(layer: LayerWeights, x, config) -> np.ndarray:
+def walkthrough_block(layer: LayerWeights, x, config) -> np.ndarray:
     """x [S, D] -> LayerNorm(attn + FFN(attn)) [S, D], the seed's order (no W_o, no residual)."""
     _check_fits(config)
     x = np.asarray(x)
@@ -42,12 +42,12 @@ def seed003_block(layer: LayerWeights, x, config) -> np.ndarray:
     return rmsnorm(attn_output + ffn_output, None, config.norm_eps)  # x itself is gone
 
 
-def seed003_logits(model: Model, token_ids) -> np.ndarray:
-    """Logits [S, V] of a prefill whose every block is `seed003_block`."""
+def walkthrough_logits(model: Model, token_ids) -> np.ndarray:
+    """Logits [S, V] of a prefill whose every block is `walkthrough_block`."""
     cfg = model.config
     _check_fits(cfg)
     ids = check_token_ids(cfg, token_ids)
     x = embed_tokens(model, ids, np.arange(len(ids)))  # [S, D]
     for layer in model.layers:
-        x = seed003_block(layer, x, cfg)
+        x = walkthrough_block(layer, x, cfg)
     return rmsnorm(x, model.final_norm, cfg.norm_eps) @ model.lm_head  # [S, V]

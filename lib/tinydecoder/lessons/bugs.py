@@ -1,7 +1,7 @@
 """A bug clinic: the cached generation loop with one thing deliberately broken at a time.
 
-Each bug is a mistake people make when they write a KV-cache loop (seed 000 lists where to
-look: position offset, causal mask, per-layer cache length, GQA head mapping; seed 003 feeds
+Each bug is a mistake people make when they write a KV-cache loop (the worked example lists where to
+look: position offset, causal mask, per-layer cache length, GQA head mapping; the walk-through feeds
 decode the last prompt token). `run_with_bug` runs the loop with one bug switched on and
 `check_run` compares every round's last-position logits with a full recompute of the context
 the loop claims to have. The check catches a bug when a difference is not ~0 or the loop
@@ -139,7 +139,7 @@ def diagnose(model: Model, prompt, max_new_tokens: int, bug: str, tol: float = 1
 
 
 def decode_fed_hidden_state(model: Model, prompt) -> dict:
-    """Seed 003's first decode step against the right one. After the prefill the seed starts
+    """the walk-through's first decode step against the right one. After the prefill the seed starts
     layer 0 from the prefill's last hidden state (what the last block returned at the last
     position) instead of the embedding of the token the prefill chose.
 

@@ -1,6 +1,6 @@
 """Colocated, colocated with chunked prefill, and disaggregated serving on a MACHINE MODEL: an
 event simulation whose steps cost what a few parameters say, so the three can be compared at a
-scale no laptop reaches (notebook 22). Deterministic: the same parameters give the same numbers.
+scale no laptop reaches (notebook 23). Deterministic: the same parameters give the same numbers.
 
 A step on a side of g devices (GPUs, or cores) that decodes r requests and prefills p prompt
 tokens takes

@@ -4,9 +4,9 @@ show that the tokens (or logits, or perplexity) equal the library's. One helper 
     logits_with_block(model, ids, block)            ch03  block(x, attn_norm, attention, ffn_norm, mlp)
     paged_kernels(fn, block_size)                   ch17  fn(q [Hq, d], pool_k, pool_v, table, length)
     masked_kernels(chunk_mask) + prefill_in_chunks  ch18  chunk_mask(start, n_tokens) -> [n, start + n]
-    tensor_parallel_ffn(fn, n_shards)               ch21  fn(x, w_gate, w_up, w_down, b_down, n, all_reduce)
-    moe_ffn(fn, moefied, k)                         ch23  fn(x, router_logits, experts, k)
-    BitmaskGrammar(grammar, fn)                     ch24  fn(logits, bitmask, eos_id, accepting)
+    tensor_parallel_ffn(fn, n_shards)               ch22  fn(x, w_gate, w_up, w_down, b_down, n, all_reduce)
+    moe_ffn(fn, moefied, k)                         ch24  fn(x, router_logits, experts, k)
+    BitmaskGrammar(grammar, fn)                     ch25  fn(logits, bitmask, eos_id, accepting)
 
 (ch07's loop needs no helper: `decoding.cached_loop.model_step(model)` is the model as a step.)
 Each returns what the library's own entry points take: an ffn for `reference.forward`, Kernels
@@ -109,7 +109,7 @@ def prefill_in_chunks(model, token_ids, chunk_size: int, kernels=None) -> np.nda
     return np.concatenate(out)
 
 
-# -- ch21 and ch23: a feed-forward of one's own in every layer ---------------------------------------
+# -- ch22 and ch24: a feed-forward of one's own in every layer ---------------------------------------
 def tensor_parallel_ffn(fn, n_shards: int):
     """An ffn(l, layer, z) for reference.forward: fn(z, w_gate, w_up, w_down, None, n_shards,
     all_reduce_sum), the layer's SwiGLU split over n_shards simulated shards."""
@@ -129,7 +129,7 @@ def moe_ffn(fn, moefied, k: int):
     return ffn
 
 
-# -- ch24: the bitmask ---------------------------------------------------------------------------------
+# -- ch25: the bitmask ---------------------------------------------------------------------------------
 class BitmaskGrammar:
     """A processor for generate(): the grammar's llguidance state gives each step's bitmask and
     whether it accepts; fn(logits, bitmask, eos_id, accepting) applies them."""

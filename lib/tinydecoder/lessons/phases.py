@@ -68,11 +68,11 @@ def forward_skipping_queries(model: Model, token_ids, layers: str = "last", trac
     other positions in the chosen layers.
 
     A skipped layer still computes K and V for every position, but queries, attention, output
-    projection and FFN only for the last one; as in seed 003, the other positions' hidden
+    projection and FFN only for the last one; as in the walk-through, the other positions' hidden
     states then pass through that layer unchanged.
       layers="none": nothing skipped (the ordinary forward);
       layers="last": only the last layer skips (what forward(..., last_only=True) does): exact;
-      layers="all":  every layer skips (seed 003's claim): WRONG from the second layer on,
+      layers="all":  every layer skips (the walk-through's claim): WRONG from the second layer on,
                      because a later layer's K/V for the earlier positions are then computed
                      from hidden states the earlier layers never updated.
     cache: an empty KV cache to keep the K/V every layer computed (to inspect them)."""

@@ -42,8 +42,8 @@ from ..decoding.drafts import early_exit_model
 
 WEIGHTS = ("f32", "q4_1", "q8_0", "int4-nogroup")
 KV_BITS = {"int8": 8, "int4": 4}
-N_EXPERTS = 16  # MoEfication's experts per layer (lessons.moefication, notebook 23)
-CALIBRATION_TOKENS = 256  # per calibration topic, as notebook 23 calibrates
+N_EXPERTS = 16  # MoEfication's experts per layer (lessons.moefication, notebook 24)
+CALIBRATION_TOKENS = 256  # per calibration topic, as notebook 24 calibrates
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What an engine step costs in seconds (notebook 19): time batched decode steps of a real model
+"""What an engine step costs in seconds (notebook 20): time batched decode steps of a real model
 at a few batch sizes, give a schedule's steps those costs, and say what was measured in a
 sentence printed from the numbers (so no prose quotes a number this machine did not produce).
 

@@ -1,4 +1,4 @@
-"""Measuring disaggregation honestly on this machine (notebook 22): the same workload served
+"""Measuring disaggregation honestly on this machine (notebook 23): the same workload served
 three ways, each told which cores it may use and how many threads it runs.
 
 - colocated: the continuous-batching `Engine` (serving.engine) on one rank with every core: each

@@ -46,7 +46,7 @@ def small_tp_config() -> Config:
 
 
 def resolve_model(model) -> Model:
-    """"smollm2" (memory-mapped), "small" (small_tp_config, seed 0), "toy" (seed 000's, float64), or a Model."""
+    """"smollm2" (memory-mapped), "small" (small_tp_config, seed 0), "toy" (the worked example's, float64), or a Model."""
     if isinstance(model, Model):
         return model
     if model in MODEL_NAMES:  # "toy" or "smollm2", as the command line and the server name them

@@ -1,4 +1,4 @@
-"""Figures and widgets for notebooks 21 and 22 (tensor parallelism, disaggregated serving)."""
+"""Figures and widgets for notebooks 22 and 23 (tensor parallelism, disaggregated serving)."""
 from __future__ import annotations
 
 import ipywidgets as W

@@ -1,5 +1,5 @@
 """What a pass over a few rows costs, and what that buys: `bench`'s `pass_cost` and
-`speculative_speedup` (the targets below; notebooks 11, 15 and 19 print them on the learner's machine).
+`speculative_speedup` (the targets below; notebooks 11, 15 and 20 print them on the learner's machine).
 
 A decode step reads every weight once for one row. A pass over n rows (a speculative check of
 n - 1 guesses, or n sequences of a batch) reads them once too, so on a memory-bound machine it

@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server in front of Part III's engine.
 
 `python -m tinydecoder serve --model smollm2` runs it; `start_server("toy")` runs one on a
-background thread (tests, notebook 20). The engine is serving.engine.Engine over a paged KV
+background thread (tests, notebook 21). The engine is serving.engine.Engine over a paged KV
 pool (serving.backends.PagedKV, admission "on_demand": prefix reuse, chunked prefill,
 preemption), driven by one thread (loop.py); the HTTP side is Starlette + uvicorn (app.py);
 /metrics is prometheus-client (metrics.py). Nothing else in the package imports this one."""

@@ -1,6 +1,6 @@
 """Clients for a running server: many concurrent streaming requests through the official
 `openai` client, each one's timeline (sent, first token, every token, finish), and the
-summary a load test reports. Used by tools/load_test.py and notebook 20.
+summary a load test reports. Used by tools/load_test.py and notebook 21.
 
     timelines = run_clients(server.url, "toy", jobs, concurrency=4)   # jobs: [(prompt, max_tokens)]
     summarize(timelines)    # throughput, TTFT p50/p99, TPOT p50/p99 (seconds; never compare them)

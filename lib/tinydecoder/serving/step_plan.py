@@ -1,7 +1,7 @@
 """One step of the continuous-batching scheduler as a pure function of plain data, and a replay
 of a whole workload with any such function, without a model. This is the planning half of
 `scheduler.run_schedule` (decodes first, unlimited KV memory, no chunk limit), written out so
-that notebook 19's learner can write it and compare; tests check that the replay with
+that notebook 20's learner can write it and compare; tests check that the replay with
 `schedule_step` gives exactly `run_schedule`'s batches.
 
     running = [("A", 0), ("B", 0), ("C", 18)]   # admitted, oldest first: prompt tokens left (0: decoding)

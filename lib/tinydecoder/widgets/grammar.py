@@ -1,4 +1,4 @@
-"""What notebook 24 shows of grammar-constrained decoding: one step of a constrained generation at a
+"""What notebook 25 shows of grammar-constrained decoding: one step of a constrained generation at a
 time (the text so far, the model's own favourite tokens and which of them the grammar allows, how
 many tokens the mask leaves), a slider over the steps, and a figure of the mask's size per step."""
 from __future__ import annotations

@@ -1,107 +1,77 @@
-"""Chapter 24's exercise: apply a grammar's token bitmask to one step's logits.
+"""Chapter 24's exercise: the router's top-k gating of a mixture of experts.
 
-    apply_token_bitmask(logits [V], bitmask [ceil(V/32)] int32, eos_id, accepting) -> [V]
+    top_k_gating(router_logits [T, E], k) -> (experts [T, k], gates [T, k])
 
-The bitmask is llguidance's (and vLLM's) layout: token t is allowed when bit t % 32 of word
-bitmask[t // 32] is set, bit 0 being the least significant. A forbidden token's logit becomes
--inf; an allowed one keeps its logit. The end-of-sequence token eos_id is allowed exactly when
-the grammar `accepting` (the text so far is complete). The input is not modified. The library's
-answer: `decoding.grammar.apply_token_bitmask`.
+Softmax over the E experts, keep the k most probable (largest first; a tie goes to the lower
+expert id), and renormalise their probabilities to sum to 1 per token.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...decoding.grammar import apply_token_bitmask
+from ...algorithms import moe
 from .case import Case
-from .compare import as_array, rng
+from .compare import as_array, rng, same
 
 
-def _words(bits_by_word) -> np.ndarray:
-    return np.array([np.uint32(w).view(np.int32) for w in bits_by_word], dtype=np.int32)
+def _logits(seed, T=6, E=8, scale=2.0):
+    return rng(seed).standard_normal((T, E)) * scale
 
 
-def _allowed(out) -> set:
-    return {int(t) for t in np.flatnonzero(np.isfinite(as_array(out, "the logits")))}
+def _compare(fn, logits, k) -> bool:
+    experts, gates = fn(logits, k)
+    want_e, want_g = moe.top_k_gating(logits, k)
+    experts = as_array(experts, "experts")
+    if experts.shape != want_e.shape:
+        raise ValueError(f"experts has shape {experts.shape}, expected {want_e.shape}")
+    return bool(np.array_equal(experts, want_e)) and same(gates, want_g)
 
 
-def _logits(seed, V=70):
-    return rng(seed).standard_normal(V)
+def _by_hand(fn) -> bool:
+    experts, gates = fn(np.log(np.array([[1.0, 2.0, 3.0, 4.0]])), 2)  # softmax [.1 .2 .3 .4]
+    return as_array(experts).tolist() == [[3, 2]] and same(gates, [[4 / 7, 3 / 7]])
 
 
-def _bit_order(fn) -> bool:  # bit 0 of word 0 is token 0, bit 1 of word 1 is token 33
-    out = fn(_logits(240), _words([1, 2, 0]), 69, False)
-    return _allowed(out) == {0, 33}
+def _sum_to_one(fn) -> bool:
+    _, gates = fn(_logits(231), 3)
+    return same(np.sum(as_array(gates, "gates"), axis=1), np.ones(6))
 
 
-def _minus_inf(fn) -> bool:
-    logits = _logits(241) + 5.0
-    out = as_array(fn(logits, _words([0xF0F0F0F0, 0x0000FFFF, 0x3]), 69, False))
-    forbidden = np.ones(70, bool)
-    forbidden[sorted(_expected_allowed(np.array([0xF0F0F0F0, 0x0000FFFF, 0x3]), 70))] = False
-    forbidden[69] = True
-    return bool(np.all(out[forbidden] == -np.inf))
+def _largest_first(fn) -> bool:
+    experts, _ = fn(np.array([[0.0, 3.0, 1.0, 2.0]]), 3)
+    return as_array(experts).tolist() == [[1, 3, 2]]
 
 
-def _expected_allowed(words, V) -> set:
-    return {t for t in range(V) if (int(words[t // 32]) >> (t % 32)) & 1}
+def _ties(fn) -> bool:
+    experts, gates = fn(np.zeros((2, 5)), 2)
+    return as_array(experts).tolist() == [[0, 1], [0, 1]] and same(gates, np.full((2, 2), 0.5))
 
 
-def _kept(fn) -> bool:
-    logits = _logits(242)
-    words = _words([0xFFFFFFFF, 0xFFFFFFFF, 0x3F])
-    out = as_array(fn(logits.copy(), words, 69, True))
-    return out.shape == logits.shape and bool(np.array_equal(out, logits))
+def _large_logits(fn) -> bool:
+    return _compare(fn, _logits(232) * 500, 2)
 
 
-def _eos_needs_accepting(fn) -> bool:  # the end token's bit set, but the grammar does not accept
-    return 69 not in _allowed(fn(_logits(243), _words([0, 0, 1 << 5]), 69, False))
+def _k_equals_e(fn) -> bool:
+    logits = _logits(233, E=4)
+    experts, gates = fn(logits, 4)
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    return same(np.take_along_axis(probs, as_array(experts), 1), gates)
 
 
-def _eos_when_accepting(fn) -> bool:
-    return 3 in _allowed(fn(_logits(244), _words([1 << 7, 0, 0]), 3, True))
-
-
-def _sign_bit(fn) -> bool:  # a word with bit 31 set is a negative int32
-    return _allowed(fn(_logits(245), _words([1 << 31, 1 << 31, 0]), 69, False)) == {31, 63}
-
-
-def _input_unchanged(fn) -> bool:
-    logits = _logits(246)
-    before = logits.copy()
-    fn(logits, _words([0x1, 0x0, 0x0]), 69, False)
-    return bool(np.array_equal(logits, before))
-
-
-def _random(fn) -> bool:
-    r = rng(247)
-    for V, eos in ((100, 99), (64, 0), (37, 20)):
-        words = r.integers(-2**31, 2**31, size=-(-V // 32), dtype=np.int64).astype(np.int32)
-        logits = r.standard_normal(V)
-        for accepting in (False, True):
-            out = as_array(fn(logits.copy(), words, eos, accepting))
-            want = apply_token_bitmask(logits, words, eos, accepting)
-            if out.shape != want.shape or not np.array_equal(out, want):
-                return False
-    return True
-
-
-APPLY_TOKEN_BITMASK = [
-    Case("shape [V]", "one logit per token comes back",
-         lambda fn: np.shape(fn(_logits(248), _words([1, 1, 1]), 69, False)) == (70,)),
-    Case("bit order in a word", "token t is bit t % 32 of word t // 32, counting from the least significant "
-         "bit", _bit_order),
-    Case("forbidden tokens get -inf", "after the softmax a forbidden token must have probability exactly 0; a "
-         "logit of 0 still has some", _minus_inf),
-    Case("allowed tokens keep their logits", "change only the forbidden ones", _kept),
-    Case("no end token before the grammar accepts", "the end token is allowed only where the text is "
-         "complete, whatever its bit says", _eos_needs_accepting),
-    Case("the end token where the grammar accepts", "accepting: the end token may come", _eos_when_accepting),
-    Case("bit 31 (a negative int32 word)", "the top bit makes the int32 negative; it is still token 32*w + 31",
-         _sign_bit),
-    Case("input left unchanged", "return a new array: the caller may keep the raw logits", _input_unchanged),
-    Case("random masks vs the library", "compare with decoding.grammar.apply_token_bitmask", _random),
+TOP_K_GATING = [
+    Case("by hand: probabilities [.1 .2 .3 .4], k = 2", "softmax, keep the 2 largest (experts 3 then 2), "
+         "divide each by their sum: 4/7 and 3/7", _by_hand),
+    Case("gates sum to 1", "renormalise: divide the kept probabilities by their sum, per token", _sum_to_one),
+    Case("largest first", "sort the experts by probability, largest first (np.argsort of -p)", _largest_first),
+    Case("ties go to the lower id", "a stable sort keeps the lower expert id first among equal "
+         "probabilities (np.argsort(..., kind='stable'))", _ties),
+    Case("large logits", "subtract each row's max before exp, or the softmax overflows", _large_logits),
+    Case("k = E: every expert, gates = probabilities", "with every expert kept, the gates are the "
+         "softmax itself", _k_equals_e),
+    Case("random logits, k = 2 of 8", "softmax over E, top k, renormalise",
+         lambda fn: _compare(fn, _logits(234), 2)),
 ]
 
-EXERCISES = {"apply_token_bitmask": APPLY_TOKEN_BITMASK}
-REFERENCES = {"apply_token_bitmask": apply_token_bitmask}
+EXERCISES = {"top_k_gating": TOP_K_GATING}
+REFERENCES = {"top_k_gating": moe.top_k_gating}

@@ -1,4 +1,4 @@
-"""Chapter 23's implement exercise (top_k_gating): the library passes every case, and each
+"""Chapter 24's implement exercise (top_k_gating): the library passes every case, and each
 classic mistake fails the case written to catch it."""
 import numpy as np
 import pytest

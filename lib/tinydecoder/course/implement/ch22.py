@@ -1,4 +1,4 @@
-"""Chapter 21's exercise: a tensor-parallel SwiGLU feed-forward over simulated shards.
+"""Chapter 22's exercise: a tensor-parallel SwiGLU feed-forward over simulated shards.
 
     tensor_parallel_swiglu(x [T, D], w_gate [D, F], w_up [D, F], w_down [F, D], b_down [D] or None,
                            n_shards, all_reduce) -> [T, D]

@@ -1,4 +1,4 @@
-"""Chapter 19's exercise: one step of a continuous-batching scheduler under a token budget.
+"""Chapter 20's exercise: one step of a continuous-batching scheduler under a token budget.
 
     schedule_step(running, waiting, token_budget, max_running) -> [(name, phase, n_tokens), ...]
 

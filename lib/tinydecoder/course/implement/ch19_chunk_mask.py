@@ -1,4 +1,4 @@
-"""Chapter 18's second exercise: the attention mask of one prefill chunk over cached positions.
+"""Chapter 19's exercise: the attention mask of one prefill chunk over cached positions.
 
     chunk_mask(start, n_tokens) -> [n_tokens, start + n_tokens]
 

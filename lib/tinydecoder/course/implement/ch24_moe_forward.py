@@ -1,4 +1,4 @@
-"""Chapter 23's second exercise: the forward pass of a mixture-of-experts layer.
+"""Chapter 24's second exercise: the forward pass of a mixture-of-experts layer.
 
     moe_forward(x [T, D], router_logits [T, E], experts, k) -> [T, D]
 
