@@ -59,7 +59,8 @@ COURSE_MAP = {
           "grouped_query_attention", "prefill_vs_decode", "kv_cache_reuse", "a_real_model",
           "sampling", "decoding_strategies"],
     "II": ["roofline", "flash_attention", "quantization", "long_context", "speculative_decoding"],
-    "III": ["kv_cache_capacity", "paged_cache", "prefix_and_chunked_prefill", "continuous_batching", "openai_server"],
+    "III": ["kv_cache_capacity", "paged_cache", "prefix_caching", "chunked_prefill", "continuous_batching",
+            "openai_server"],
     "IV": ["tensor_parallel", "disaggregated_prefill_decode"],
     "V": ["mixture_of_experts", "structured_output"],
 }
