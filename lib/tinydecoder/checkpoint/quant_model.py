@@ -11,7 +11,7 @@ matrix and gate and up into one [D, 2F] (here as parts of a QuantMatrix, nothing
 and K's rows keep the file's order and write their outputs to Hugging Face's ("halves", see
 gguf_file.py), so the model is the `rope_layout="halves"` one. The embedding is the table view of
 `token_embd` (a lookup dequantises just those rows); the tied head is its transpose. The norms
-(F32 in the file) are float32 arrays. The reference forward pass (`model.forward`) works too: it
+(F32 in the file) are float32 arrays. The reference forward pass (`core.reference.forward`) works too: it
 dequantises each matrix where it multiplies (`QuantMatrix.__array__`), slowly.
 """
 from __future__ import annotations

@@ -98,7 +98,7 @@ def run_plain(args, processors) -> int:
     if args.model == "toy":
         result = toy_generation(args, processors, (lambda t: show(f" {t}")) if stream else None)
     else:
-        from ..checkpoint.smollm2 import generate_text
+        from ..checkpoint.text import generate_text
 
         result = generate_text(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
                                use_cache=not args.no_cache, on_text=show if stream else None,
@@ -115,7 +115,7 @@ def toy_generation(args, processors, on_token):
     """The toy model's run (float64, as in the seed): its text is its ids, so "--stop '2 0'"
     stops after ... 2 0."""
     from ..checkpoint.registry import open_model
-    from ..checkpoint.smollm2 import TextGeneration, timed_generate
+    from ..checkpoint.text import TextGeneration, timed_generate
     from ..decoding.processors import StopSequences, should_stop
 
     chosen = open_model("toy")

@@ -54,7 +54,7 @@ def degree(args, config) -> int:
 
 
 def _generate(args) -> int:
-    from ..checkpoint.smollm2 import TextGeneration
+    from ..checkpoint.text import TextGeneration
 
     for name in UNSUPPORTED:
         value = getattr(args, name, None)

@@ -23,7 +23,7 @@ def run_speculative(args) -> int:
     import time
 
     from ..checkpoint.registry import open_model
-    from ..checkpoint.smollm2 import TextGeneration
+    from ..checkpoint.text import TextGeneration
 
     if args.no_cache:
         raise ValueError("--speculative verifies guesses against the KV cache: drop --no-cache")

@@ -189,7 +189,7 @@ def project(x, w, out, work=None):
 
 def forward(model: Model, token_ids, cache=None, *, last_only: bool = False) -> np.ndarray:
     """Logits [S, V] (or [1, V] with last_only) for S new tokens; the same numbers as
-    `model.forward`, faster. With a cache, attend to its past and append the new K/V."""
+    `core.reference.forward`, faster. With a cache, attend to its past and append the new K/V."""
     return forward_batch(model, [token_ids], None if cache is None else [cache], last_only=last_only)[0]
 
 

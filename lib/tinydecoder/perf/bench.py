@@ -48,7 +48,7 @@ from .roofline import BATCH_SIZES, decode_trace, predicted_seconds, traced
 # ratio ranged 0.93-1.03 over 11 bench runs with 9, 0.93-0.99 over 4 with 5, same kernels.)
 MOVING_REPEAT = 9
 # What is timed: "fast" (tinydecoder.fast; a batch decodes from one BatchKVCache) or "reference"
-# (model.forward, and forward_each: one sequence after another). Traces always use the reference.
+# (reference.forward, and reference.forward_batch: one sequence after another). Traces always use the reference.
 PATHS = {"fast": (fast.forward, fast.forward_batch), "reference": (reference.forward, reference.forward_batch)}
 
 
