@@ -96,7 +96,7 @@ def test_swapped_nibbles_are_caught():
 
 
 @needs_numba
-@pytest.mark.parametrize("M", [1, 6, 20])
+@pytest.mark.parametrize("M", [1, 6, 20, 45])
 def test_parts_write_their_own_columns(M):
     """Two tensors fused as parts, the first with its rows permuted (as Q/K are): column c of the
     product is the weight row named c."""

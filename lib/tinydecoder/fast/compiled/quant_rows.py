@@ -234,9 +234,7 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     full = work[:blocks * K * tiles.ROWS].reshape(blocks, K, tiles.ROWS)
     last = work[blocks * K * tiles.ROWS:(blocks * tiles.ROWS + lasts * 8) * K].reshape(lasts, K, 8)
     jit.compiled(tiles._pack)(x, full, last, threads)
-    kernel = jit.compiled(_tiles)
-    for raw, cols in w.parts:
-        kernel(full, last, M, raw, cols, w.kind == "Q4_1", out, threads)
+    jit.compiled(_tiles)(full, last, M, w.raws, w.cols, w.kind == "Q4_1", out, threads)  # every part in one call
     return out
 
 
@@ -299,36 +297,45 @@ def _dots(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: n
         q80_dots1(raw, w_start, x, x_start, K, sx, sx_start, acc)
 
 
-def _tiles(full, last, M, raw, cols, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
-    """out[:, cols[n]] for rows n of raw against M rows packed as tiles.pack_rows packs them
-    (`full` [blocks, K, 16], `last` [0 or 1, K, 8]): each task dequantises 6 output rows into
-    `w6` and runs the tile over every block of rows while they sit in cache."""
+def _tiles(full, last, M, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
+    """out[:, cols[n]] for rows n of each part (raws[p], colss[p]) against M rows packed as
+    tiles.pack_rows packs them (`full` [blocks, K, 16], `last` [0 or 1, K, 8]): a task is 6 output
+    rows of one part, each thread a contiguous share of all parts' tasks (one parallel call for
+    the matrix); a task dequantises its rows into `w6` and runs the tile over every block of rows
+    while they sit in cache."""
     blocks = full.shape[0]
     K = full.shape[1] if blocks else last.shape[1]
-    N, row_bytes = raw.shape
-    tasks = -(-N // 6)
+    total = 0
+    for p in range(len(raws)):
+        total += -(-raws[p].shape[0] // 6)
     for t in prange(threads):
         w6 = np.empty((6, K), np.float32)  # rows past a last task's few stay unused
         acc = np.empty((6, 16), np.float32)
         acc8 = np.empty((6, 8), np.float32)
-        for p in range(t * tasks // threads, (t + 1) * tasks // threads):
-            n0 = 6 * p
-            rows = min(6, N - n0)
-            for r in range(rows):
-                if q4_1:
-                    q41_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
-                else:
-                    q80_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
-            for b in range(blocks):
-                tile(w6, 0, full, b * K * 16, 16, K, acc)
-                m = 16 * b
-                for j in range(min(16, M - m)):
-                    for r in range(rows):
-                        out[m + j, cols[n0 + r]] = acc[r, j]
-            if last.shape[0]:
-                tile8(w6, 0, last, 0, 8, K, acc8)
-                m = 16 * blocks
-                for j in range(M - m):
-                    for r in range(rows):
-                        out[m + j, cols[n0 + r]] = acc8[r, j]
-
+        g0, g1 = t * total // threads, (t + 1) * total // threads
+        base = 0
+        for p in range(len(raws)):
+            raw, cols = raws[p], colss[p]
+            N, row_bytes = raw.shape
+            tasks = -(-N // 6)
+            for g in range(max(g0, base), min(g1, base + tasks)):
+                n0 = 6 * (g - base)
+                rows = min(6, N - n0)
+                for r in range(rows):
+                    if q4_1:
+                        q41_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
+                    else:
+                        q80_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
+                for b in range(blocks):
+                    tile(w6, 0, full, b * K * 16, 16, K, acc)
+                    m = 16 * b
+                    for j in range(min(16, M - m)):
+                        for r in range(rows):
+                            out[m + j, cols[n0 + r]] = acc[r, j]
+                if last.shape[0]:
+                    tile8(w6, 0, last, 0, 8, K, acc8)
+                    m = 16 * blocks
+                    for j in range(M - m):
+                        for r in range(rows):
+                            out[m + j, cols[n0 + r]] = acc8[r, j]
+            base += tasks
