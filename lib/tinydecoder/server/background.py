@@ -27,9 +27,10 @@ def _config(app, host, port):
 
 
 def run_server(model: str = "smollm2", *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               **engine_options) -> int:
-    """Serve in the foreground until SIGINT or SIGTERM; returns 0 after a clean shutdown."""
-    served = served_model(model)
+               weights: str | None = None, **engine_options) -> int:
+    """Serve in the foreground until SIGINT or SIGTERM; returns 0 after a clean shutdown.
+    weights: SmolLM2's "f32" or "q4_1" (None: checkpoint.registry's default)."""
+    served = served_model(model, weights)
     app = create_app(served, api_key=api_key, **engine_options)
     server = uvicorn.Server(_config(app, host, port))
     print(f"tinydecoder: serving {served.name!r} on http://{host}:{port}/v1 (Ctrl-C to stop)", flush=True)
