@@ -57,6 +57,7 @@ def test_toy_bench_json_has_the_weights_section(capsys):
     assert f32["decode_bytes_per_token"] == result["decode_bytes_per_token"]  # the same model's bytes
     assert [row["batch"] for row in f32["batch_decode"]] == [1, 2, 4, 8, 16, 32]
     assert not any(what.startswith("q4_1") for what in result["targets"])  # nothing to compare against
+    assert set(result["load_average"]) == {"before", "after"}  # the machine's load beside the numbers
 
 
 @pytest.mark.smollm2

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 MODEL_NAMES = ("smollm2", "toy")
 WEIGHTS = ("f32", "q4_1")
-# SmolLM2's default. Measured on the 2-vCPU Zen 5 VM (December 2026, both alternating in one process):
-# q4_1's decode step 2.7x float32's at context 128, but its prefill 1-5% slower (its tiles dequantise
-# the blocks), so float32 stays the default; pass --weights q4_1 for decode speed.
+# SmolLM2's default. Measured by `bench --model smollm2` (weights section) on a 2-vCPU Zen 5 VM,
+# December 2026: q4_1's decode 1.7x float32's at context 128 on a quiet machine (173 against 103
+# tokens/s; 2.4-2.7x when other jobs took float32's bandwidth), but its prefill 2-12% slower (the
+# blocks are dequantised once per product), so float32 stays the default; --weights q4_1 decodes faster.
 DEFAULT_WEIGHTS = "f32"
 
 

@@ -40,11 +40,13 @@ def run(args) -> int:
     from ..checkpoint.registry import check_weights
 
     weights = check_weights(args.model, args.weights)
+    load_before = machine_load()
     model = load_bench_model(args.model, weights)
     result = run_bench(model, repeat=args.repeat, path=args.path, prompts=prompts, stop_tokens=stops)
     result["malloc_keeps_freed_memory"] = args.malloc_kept
     result["weights_choice"] = weights
     result["weights"] = weights_section(args, model, weights, result) if args.path == "fast" else None
+    result["load_average"] = {"before": load_before, "after": machine_load()}  # 1-minute: others' jobs move the numbers
     lines = format_report(result)
     if result["weights"]:
         from ..perf.weights_bench import format_weights
@@ -67,3 +69,13 @@ def weights_section(args, model, weights: str, result: dict) -> dict:
                               peak_gflops=result["matmul_gflops"])
     result["targets"].update(weights_targets(section))
     return section
+
+
+def machine_load():
+    """The 1-minute load average (None where the platform has none)."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
