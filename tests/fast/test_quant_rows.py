@@ -96,10 +96,12 @@ def test_swapped_nibbles_are_caught():
 
 
 @needs_numba
-@pytest.mark.parametrize("M", [1, 6, 20])
-def test_parts_write_their_own_columns(M):
+@pytest.mark.parametrize("M", [1, 6, 20, 45])
+@pytest.mark.parametrize("dense_from", [16, 10**6])  # many rows: dequantised whole then float32 tiles, or _tiles
+def test_parts_write_their_own_columns(M, dense_from, monkeypatch):
     """Two tensors fused as parts, the first with its rows permuted (as Q/K are): column c of the
     product is the weight row named c."""
+    monkeypatch.setattr(qr, "DENSE_FROM_ROWS", dense_from)
     rng = np.random.default_rng(M)
     K = 128
     a, b = random_blocks(rng, 12, K, "Q4_1"), random_blocks(rng, 5, K, "Q4_1")

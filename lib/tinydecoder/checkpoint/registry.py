@@ -9,6 +9,11 @@
     chosen.decode(new_ids)                  # text without stop tokens (the toy: "3 4 5")
 
     load_model("toy")                       # the weights only
+    open_model("smollm2", weights="q4_1")   # SmolLM2 on the GGUF file's own Q4_1 blocks
+
+`weights` chooses how SmolLM2's matrices are held: "f32" (float32, dequantised once into a cache)
+or "q4_1" (the file's Q4_1 blocks, read in place by the fast path); None: DEFAULT_WEIGHTS. The
+toy has float32 weights only.
 
 Where a command needs another toy (the bench measures a float32 toy with room for long
 contexts), it passes `toy=` a function that builds it; the name is still checked here.
@@ -18,6 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MODEL_NAMES = ("smollm2", "toy")
+WEIGHTS = ("f32", "q4_1")
+# SmolLM2's default. Measured by `bench --model smollm2` (weights section) on a 2-vCPU Zen 5 VM,
+# December 2026: q4_1's decode 1.7x float32's at context 128 on a quiet machine (173 against 103
+# tokens/s; 2.4-2.7x when other jobs took float32's bandwidth), but its prefill 2-12% slower (the
+# blocks are dequantised once per product), so float32 stays the default; --weights q4_1 decodes faster.
+DEFAULT_WEIGHTS = "f32"
 
 
 def check_model_name(name) -> str:
@@ -25,6 +36,18 @@ def check_model_name(name) -> str:
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose 'toy' or 'smollm2'")
     return name
+
+
+def check_weights(name: str, weights) -> str:
+    """The weights to load for model `name`: `weights`, or DEFAULT_WEIGHTS when None (the toy: "f32");
+    a ValueError naming the choices otherwise."""
+    if weights is None:
+        return DEFAULT_WEIGHTS if check_model_name(name) == "smollm2" else "f32"
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    if weights != "f32" and check_model_name(name) != "smollm2":
+        raise ValueError(f"weights {weights!r} need the GGUF file's blocks: use --model smollm2 (the toy has f32 only)")
+    return weights
 
 
 @dataclass
@@ -76,22 +99,25 @@ def toy_prompt_ids(prompt: str, chat: bool = False) -> list:
                          f"got {prompt!r}") from None
 
 
-def load_model(name: str, *, toy=None):
+def load_model(name: str, *, toy=None, weights=None):
     """The weights of model `name` ("toy" or "smollm2"), without its tokenizer. toy: a function
-    that builds the toy model to use (default core.toy.toy_model, float64 as in the seed)."""
-    if check_model_name(name) == "toy":
+    that builds the toy model to use (default core.toy.toy_model, float64 as in the seed).
+    weights: "f32" or "q4_1" (SmolLM2 only), None for the default (`check_weights`)."""
+    weights = check_weights(name, weights)
+    if name == "toy":
         from ..core.toy import toy_model
 
         return (toy or toy_model)()
     from .smollm2 import load_smollm2
 
-    return load_smollm2()
+    return load_smollm2(weights)
 
 
-def open_model(name: str, *, toy=None) -> ChosenModel:
-    """Model `name` with its tokenizer and stop tokens (toy: as for load_model)."""
+def open_model(name: str, *, toy=None, weights=None) -> ChosenModel:
+    """Model `name` with its tokenizer and stop tokens (toy, weights: as for load_model)."""
+    weights = check_weights(name, weights)  # before anything loads
     tokenizer = open_tokenizer(name)  # before the weights
-    return ChosenModel(name, load_model(name, toy=toy), tokenizer, stop_tokens_of(name))
+    return ChosenModel(name, load_model(name, toy=toy, weights=weights), tokenizer, stop_tokens_of(name))
 
 
 def open_tokenizer(name: str):

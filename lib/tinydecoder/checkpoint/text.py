@@ -60,7 +60,7 @@ def timed_generate(model, prompt_ids, max_new_tokens, *, sampler=None, use_cache
 def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, temperature=None,
                   top_k=None, top_p=None, seed=None, use_cache: bool = True, cache=None,
                   on_text=None, model=None, tokenizer=None, processors=(), stop=(),
-                  keep_logits: bool = False) -> TextGeneration:
+                  keep_logits: bool = False, weights: str = "f32") -> TextGeneration:
     """Continue `prompt` with SmolLM2 (or the model/tokenizer given), streaming text to `on_text`.
 
     prompt: a string, or a list of {"role", "content"} messages (implies chat=True).
@@ -71,7 +71,8 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     processors: logits processors (core.processors); stop: strings that end generation
     when the text contains one (the text is cut before it; streaming holds back what could be
     the start of a stop string). keep_logits: whether the Generation's events keep every
-    round's logits (off: a long reply's memory stays the weights plus the cache; see generate)."""
+    round's logits (off: a long reply's memory stays the weights plus the cache; see generate).
+    weights: load_smollm2's choice ("f32" or "q4_1") when no model is given."""
     tok = smollm2_tokenizer() if tokenizer is None else tokenizer
     if not isinstance(prompt, str):
         chat, messages = True, prompt
@@ -80,7 +81,7 @@ def generate_text(prompt, *, chat: bool = False, max_new_tokens: int = 64, tempe
     prompt_ids = tok.encode_chat(messages) if chat else tok.encode(prompt)
     if not prompt_ids:
         raise ValueError("the prompt is empty: give some text to continue")
-    model = load_smollm2() if model is None else model  # after the prompt is known to be good
+    model = load_smollm2(weights) if model is None else model  # after the prompt is known to be good
     sampler = None
     if temperature is not None or top_k is not None or top_p is not None or seed is not None:
         from ..decoding.sampling import make_sampler

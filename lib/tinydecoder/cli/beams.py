@@ -15,7 +15,7 @@ def run_beams(args, processors) -> int:
         raise ValueError("--beams is a deterministic search: drop --temperature/--top-k/--top-p/--seed")
     if args.no_cache:
         raise ValueError("--beams always uses a KV cache per beam: drop --no-cache")
-    chosen = open_model(args.model)
+    chosen = open_model(args.model, weights=args.weights)
     prompt = chosen.encode(args.prompt, args.chat)
     stop_text = StopSequences(args.stop, chosen.decode) if args.stop else None
     result = beam_search(chosen.model, prompt, args.beams, args.max_new_tokens, stop_tokens=chosen.stop_tokens,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .args import add_model_argument, load_bench_model, positive_int_arg
+from .args import add_model_argument, add_weights_argument, load_bench_model, positive_int_arg
 
 MALLOC_NOTE = "malloc keeps freed memory for reuse (this process only; perf.machine.keep_freed_memory)"
 
@@ -14,6 +14,7 @@ def add_parser(subparsers) -> None:
 
     bench = subparsers.add_parser("bench", help="measure this machine's roofs and the model's prefill/decode speed")
     add_model_argument(bench, "toy", "toy: the seed toy's shapes (seconds); smollm2: the real model (~1 minute)")
+    add_weights_argument(bench)  # --weights f32|q4_1: the model the main table measures
     bench.add_argument("--repeat", type=positive_int_arg, default=3,
                        help="timed repetitions (default 3; pass costs, speculative runs and batch steps at least 9): roofs "
                             "take the best, speeds the median; on a busy machine compare with OPENBLAS_NUM_THREADS=1")
@@ -36,10 +37,45 @@ def run(args) -> int:
         from ..perf.bench_rows import speculative_prompts
 
         prompts, stops = speculative_prompts(open_tokenizer("smollm2")), stop_tokens_of("smollm2")[:1]  # <|im_end|>
-    result = run_bench(load_bench_model(args.model), repeat=args.repeat, path=args.path, prompts=prompts,
-                       stop_tokens=stops)
+    from ..checkpoint.registry import check_weights
+
+    weights = check_weights(args.model, args.weights)
+    load_before = machine_load()
+    model = load_bench_model(args.model, weights)
+    result = run_bench(model, repeat=args.repeat, path=args.path, prompts=prompts, stop_tokens=stops)
     result["malloc_keeps_freed_memory"] = args.malloc_kept
-    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    result["weights_choice"] = weights
+    result["weights"] = weights_section(args, model, weights, result) if args.path == "fast" else None
+    result["load_average"] = {"before": load_before, "after": machine_load()}  # 1-minute: others' jobs move the numbers
+    lines = format_report(result)
+    if result["weights"]:
+        from ..perf.weights_bench import format_weights
+
+        lines = "\n".join([lines] + format_weights(result["weights"]))
+    print(json.dumps(result, indent=2) if args.json else lines)
     if args.malloc_kept and not args.json:
         print(MALLOC_NOTE)
     return 0
+
+
+def weights_section(args, model, weights: str, result: dict) -> dict:
+    """bench's "weights": SmolLM2 as q4_1 and as f32, measured in turn (perf.weights_bench; the
+    toy: f32 only); its target joins result["targets"]."""
+    from ..perf.weights_bench import compare_weights, weights_targets
+
+    names = ("q4_1", "f32") if args.model == "smollm2" else ("f32",)
+    models = {name: model if name == weights else load_bench_model(args.model, name) for name in names}
+    section = compare_weights(models, rounds=max(3, args.repeat), bandwidth_gbps=result["bandwidth_gbps"],
+                              peak_gflops=result["matmul_gflops"])
+    result["targets"].update(weights_targets(section))
+    return section
+
+
+def machine_load():
+    """The 1-minute load average (None where the platform has none)."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None

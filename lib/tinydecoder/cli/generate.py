@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from .args import add_model_argument, float_arg, int_arg, positive_int_arg
+from .args import add_model_argument, add_weights_argument, float_arg, int_arg, positive_int_arg
 from .grammar import add_grammar_arguments, endings, grammar_processors
 from .trace import add_trace_argument, open_trace, trace_processors
 
@@ -25,6 +25,7 @@ def add_parser(subparsers) -> None:
                                 description="Stream a continuation of --prompt, greedy unless a temperature, top-k "
                                             "or top-p is given.")
     add_model_argument(gen, "smollm2", "smollm2: the real model (default); toy: the worked example's decoder, prompt = token ids")
+    add_weights_argument(gen)  # --weights f32|q4_1
     gen.add_argument("--prompt", required=True, help="the text to continue (toy: ids such as \"0 1 2 3\")")
     gen.add_argument("--chat", action="store_true",
                      help="wrap the prompt in the chat template as a user message; stop at <|im_end|>")
@@ -95,13 +96,16 @@ def run_plain(args, processors) -> int:
     def show(text):
         print(text, end="", flush=True)
 
+    from ..checkpoint.registry import check_weights
+
+    weights = check_weights(args.model, args.weights)  # a clear error before anything loads
     if args.model == "toy":
         result = toy_generation(args, processors, (lambda t: show(f" {t}")) if stream else None)
     else:
         from ..checkpoint.text import generate_text
 
         result = generate_text(args.prompt, chat=args.chat, max_new_tokens=args.max_new_tokens,
-                               use_cache=not args.no_cache, on_text=show if stream else None,
+                               weights=weights, use_cache=not args.no_cache, on_text=show if stream else None,
                                processors=processors, stop=args.stop, **sampling_of(args))
     if stream:
         print()  # the streamed text's line ends before a warning about it

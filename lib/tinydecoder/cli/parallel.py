@@ -45,6 +45,12 @@ def fails_cleanly(command):
     return run
 
 
+def float32_only(args) -> None:
+    """--tensor-parallel shards float32 matrices: refuse --weights q4_1 clearly."""
+    if getattr(args, "weights", None) not in (None, "f32"):
+        raise ValueError(f"--tensor-parallel shards float32 weights: drop --weights {args.weights} (or use --weights f32)")
+
+
 def degree(args, config) -> int:
     from ..parallel.shard import check_degree
 
@@ -63,7 +69,8 @@ def _generate(args) -> int:
     if args.no_cache:
         raise ValueError("--tensor-parallel keeps each rank's share of the KV cache: drop --no-cache")
     sampling = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "seed") if getattr(args, k) is not None}
-    chosen = open_model(args.model)
+    float32_only(args)
+    chosen = open_model(args.model, weights="f32")
     prompt = chosen.encode(args.prompt, args.chat)
     tp, stop_tokens, decode = degree(args, chosen.model.config), chosen.stop_tokens, chosen.decode
     results = launched(tp, dict(model=args.model, prompt=prompt, max_new_tokens=args.max_new_tokens,
@@ -97,7 +104,8 @@ def communication(results: list) -> dict:
 def _bench(args) -> int:
     from ..parallel.tp import expected_traffic, step_time_model
     from .args import load_bench_model
-    model = load_bench_model(args.model)
+    float32_only(args)
+    model = load_bench_model(args.model, "f32")
     tp = degree(args, model.config)
     prompt = np.random.default_rng(0).integers(0, model.config.vocab_size, 32).tolist()
     spec = "smollm2" if args.model == "smollm2" else model  # the toy bench model is small: sent as it is

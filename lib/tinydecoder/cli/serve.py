@@ -2,7 +2,7 @@
 until SIGINT/SIGTERM."""
 from __future__ import annotations
 
-from .args import add_model_argument, int_arg, positive_int_arg
+from .args import add_model_argument, add_weights_argument, int_arg, positive_int_arg
 from .trace import add_trace_argument, open_trace, trace_options
 
 
@@ -10,6 +10,7 @@ def add_parser(subparsers) -> None:
     serve = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API "
                                   "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)")
     add_model_argument(serve, "smollm2", "smollm2 (default) or toy")
+    add_weights_argument(serve)  # --weights f32|q4_1
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int_arg, default=8000, help="port (default 8000)")
     serve.add_argument("--max-batch", type=positive_int_arg, default=16, help="most requests running at once (16)")
@@ -24,5 +25,5 @@ def run(args) -> int:
     except ImportError as exc:
         raise ValueError(f"the server needs the serve extra (pip install -e '.[serve]'): {exc}") from None
     with open_trace(args):
-        return run_server(args.model, host=args.host, port=args.port, api_key=args.api_key,
+        return run_server(args.model, weights=args.weights, host=args.host, port=args.port, api_key=args.api_key,
                           max_batch=args.max_batch, kv_blocks=args.kv_blocks, **trace_options(args))

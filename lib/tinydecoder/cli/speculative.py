@@ -34,7 +34,7 @@ def run_speculative(args) -> int:
         raise ValueError(f"--speculative does not apply {', '.join(ignored)} (its verification keeps the model's own "
                          "distribution): drop " + ("it" if len(ignored) == 1 else "them"))
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    chosen = open_model(args.model)
+    chosen = open_model(args.model, weights=args.weights)
     prompt = chosen.encode(args.prompt, args.chat)
     model, stop_tokens, piece_of = chosen.model, chosen.stop_tokens, chosen.piece_writer()
     pieces, times = [], []

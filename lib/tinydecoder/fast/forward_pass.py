@@ -21,7 +21,7 @@ layer, each with its own temporaries. Here, per forward pass:
   `compiled.prefill_attention` for more; RoPE rotates q and k in place (`rotate_heads`);
 - with numba, a pass over up to ATTEND_ROWS_UP_TO rows of one sequence with a KVCache (a decode
   step, a speculative check) runs each block as one compiled call of those kernels (`fused.layer`)
-  instead of `_block`'s Python between them.
+  instead of `_block`'s Python between them (`fused_quant.layer` for a layer of GGUF blocks).
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
 used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
@@ -41,7 +41,7 @@ from ..core.config import Config
 from ..core.model import Model
 from ..core.reference import embed_tokens
 from ..core.validate import check_context, check_token_ids
-from . import fused, tunables
+from . import fused, fused_quant, tunables
 from .attention import attend, attend_one_query
 from .batch_cache import BatchKVCache
 from .compiled import few_queries, few_rows, jit, quant_rows
@@ -293,6 +293,8 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
             rows = keep if l == cfg.n_layers - 1 else None
             if work is not None and rows is None and fused.fits(layer):
                 fused.layer(model, l, x, tables, fused_cache, work)  # x updated in place
+            elif work is not None and rows is None and fused_quant.fits(layer, N):  # the file's blocks
+                fused_quant.layer(model, l, x, tables, fused_cache, work)
             else:
                 x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
         h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, np.empty_like(x))

@@ -51,7 +51,7 @@ prange = range  # numba.prange once compiled (jit.compiled; no loop here runs in
 # on numba's threads), and called rather than inlined by numba (jit.compiled binds them).
 CALLS = {"forward_pass._rmsnorm_rows": False, "rope_tables._rope_rows": False, "compiled.few_rows._rows_times_rows": True,
          "compiled.tiles._rows_times_tiles": True, "compiled.few_queries._attend_rows": True, "forward_pass._swiglu_rows": True}
-INLINE = ("_times",)  # compiled into _layer_rows
+INLINE = ("_times", "_attention_rows", "_add_rows")  # compiled into _layer_rows (and fused_quant's)
 _rmsnorm_rows = _rope_rows = _rows_times_rows = _rows_times_tiles = _swiglu_rows = _attend_rows = None  # bound by jit.compiled
 
 
@@ -146,13 +146,27 @@ def _layer_rows(x, block, cos, sin, k_cache, v_cache, start, work, tiled, thread
     x [S, D] updated in place; block: a `Block`; work: a `Scratch`; cos, sin [S, d/2] the rows'
     RoPE tables; k_cache, v_cache [capacity, Hkv, d], rows start .. start+S-1 written."""
     Hq, scale, eps = block.n_heads, block.scale, block.eps
-    h, qkv, q, heads_out, att, proj = work.h, work.qkv, work.q, work.heads_out, work.att, work.proj
-    no_blocks = work.no_blocks
-    S, D = x.shape
-    Hkv, d = k_cache.shape[1], k_cache.shape[2]
+    h, qkv, att, proj, no_blocks = work.h, work.qkv, work.att, work.proj, work.no_blocks
     _rmsnorm_rows(x, block.attn_norm, eps, h)  # [S, D]
     _times(h, block.wqkv, qkv, tiled, no_blocks, work.packed_d, threads)  # [S, (Hq + 2Hkv) d]
-    _rope_rows(qkv, Hq + Hkv, cos, sin, block.halves)  # q and k rotated in place
+    _attention_rows(qkv, Hq, scale, block.halves, cos, sin, k_cache, v_cache, start, work)  # -> work.att
+    _times(att, block.wo, proj, tiled, no_blocks, work.packed_att, threads)  # [S, D]
+    _add_rows(x, proj)
+    _rmsnorm_rows(x, block.ffn_norm, eps, h)
+    _times(h, block.wgu, work.gate_up, tiled, no_blocks, work.packed_d, threads)  # [S, 2F]: gate and up side by side
+    _swiglu_rows(work.gate_up, work.hidden, threads)  # [S, F]
+    _times(work.hidden, block.wdown, proj, tiled, no_blocks, work.packed_f, threads)  # [S, D]
+    _add_rows(x, proj)
+
+
+def _attention_rows(qkv, Hq, scale, halves, cos, sin, k_cache, v_cache, start, work):  # pragma: no cover - numba
+    """The block between the QKV product and the output projection: q and k rotated in place in
+    qkv [S, (Hq + 2Hkv) d], the new K and V into the cache rows start .., and the rows' attention
+    into work.att [S, Hq d]."""
+    q, heads_out, att = work.q, work.heads_out, work.att
+    S = qkv.shape[0]
+    Hkv, d = k_cache.shape[1], k_cache.shape[2]
+    _rope_rows(qkv, Hq + Hkv, cos, sin, halves)  # q and k rotated in place
     for s in range(S):  # the new keys and values join the cache
         for j in range(Hkv):
             for c in range(d):
@@ -167,14 +181,11 @@ def _layer_rows(x, block, cos, sin, k_cache, v_cache, start, work, tiled, thread
         for s in range(S):
             for c in range(d):
                 att[s, i * d + c] = heads_out[i * S + s, c]
-    _times(att, block.wo, proj, tiled, no_blocks, work.packed_att, threads)  # [S, D]
-    for s in range(S):
-        for c in range(D):
-            x[s, c] += proj[s, c]
-    _rmsnorm_rows(x, block.ffn_norm, eps, h)
-    _times(h, block.wgu, work.gate_up, tiled, no_blocks, work.packed_d, threads)  # [S, 2F]: gate and up side by side
-    _swiglu_rows(work.gate_up, work.hidden, threads)  # [S, F]
-    _times(work.hidden, block.wdown, proj, tiled, no_blocks, work.packed_f, threads)  # [S, D]
+
+
+def _add_rows(x, proj):  # pragma: no cover - runs compiled by numba
+    """x += proj (the residual add), [S, D]."""
+    S, D = x.shape
     for s in range(S):
         for c in range(D):
             x[s, c] += proj[s, c]

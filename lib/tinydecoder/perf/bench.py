@@ -253,8 +253,10 @@ def kernels_in_use(model: Model) -> str:
     sweeps for up to tunables.SWEEPS_UP_TO_ROWS rows, tiles for more (larger batches, prefill), one_query's attention
     of a few new rows, prefill_attention's of more; a block over a few rows of one sequence in one
     call (fused)."""
-    from ..fast.compiled import jit
+    from ..fast.compiled import jit, quant_rows
 
+    if jit.available() and isinstance(model.layers[0].w_qkv, quant_rows.QuantMatrix):
+        return "numba (fast.compiled: quant_rows, quant_dots, few_queries, prefill_attention; fast.fused_quant)"
     if model.dtype == np.float32 and jit.available() and model.layers[0].w_qkv.flags.f_contiguous:
         return "numba (fast.compiled: few_rows, tiles, few_queries, prefill_attention; fast.fused)"
     return "numpy BLAS" + ("" if jit.available() else " (numba or threadpoolctl not installed)")

@@ -27,9 +27,10 @@ def _config(app, host, port):
 
 
 def run_server(model: str = "smollm2", *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               **engine_options) -> int:
-    """Serve in the foreground until SIGINT or SIGTERM; returns 0 after a clean shutdown."""
-    served = served_model(model)
+               weights: str | None = None, **engine_options) -> int:
+    """Serve in the foreground until SIGINT or SIGTERM; returns 0 after a clean shutdown.
+    weights: SmolLM2's "f32" or "q4_1" (None: checkpoint.registry's default)."""
+    served = served_model(model, weights)
     app = create_app(served, api_key=api_key, **engine_options)
     server = uvicorn.Server(_config(app, host, port))
     print(f"tinydecoder: serving {served.name!r} on http://{host}:{port}/v1 (Ctrl-C to stop)", flush=True)
@@ -97,8 +98,9 @@ class BackgroundServer:
 
 
 def start_server(model: str = "toy", *, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
-                 timeout: float = 60.0, **engine_options) -> BackgroundServer:
-    """Start a server for `model` ("toy" or "smollm2") on a background thread; returns once it
-    accepts connections (or raises after `timeout` s). port=0 picks a free port."""
-    app = create_app(served_model(model), api_key=api_key, **engine_options)
+                 timeout: float = 60.0, weights: str | None = None, **engine_options) -> BackgroundServer:
+    """Start a server for `model` ("toy" or "smollm2"; weights: SmolLM2's "f32" or "q4_1") on a
+    background thread; returns once it accepts connections (or raises after `timeout` s). port=0
+    picks a free port."""
+    app = create_app(served_model(model, weights), api_key=api_key, **engine_options)
     return BackgroundServer(app, host, port).start(timeout)

@@ -57,13 +57,13 @@ class ServedModel:
         return self.model.config.max_context
 
 
-def served_model(name: str) -> ServedModel:
-    """Load the model the server will serve: "smollm2" (SmolLM2-135M-Instruct, float32,
-    memory-mapped) or "toy" (the seed's decoder, 64 positions, ids as text); the name is
-    checkpoint.registry's."""
+def served_model(name: str, weights: str | None = None) -> ServedModel:
+    """Load the model the server will serve: "smollm2" (SmolLM2-135M-Instruct, memory-mapped;
+    weights "f32" or "q4_1", None: checkpoint.registry's default) or "toy" (the seed's decoder, 64
+    positions, ids as text); the name is checkpoint.registry's."""
     if name not in MODEL_NAMES:
         raise ValueError(f"model must be one of {MODEL_NAMES}, got {name!r}")
-    chosen = open_model(name)
+    chosen = open_model(name, weights=weights)
     if chosen.has_text:
         return ServedModel(name, chosen.model, chosen.tokenizer, chosen.tokenizer.eos_id, 16)
     return ServedModel(name, chosen.model, ToyTokenizer(chosen.model.config.vocab_size), None, 4)

@@ -1,0 +1,85 @@
+"""perf/weights_bench: one network held two ways (float32 and GGUF Q4_1 blocks), timed in turn.
+Checked on a small model and its dequantised twin (no wall-time asserts): the section's keys, the
+bytes a step reads (blocks against float32), batch decode for the first model only, the target's
+arithmetic and the table's lines."""
+import numpy as np
+import pytest
+
+import tinydecoder as td
+from tinydecoder.core.model import LayerWeights, Model
+from tinydecoder.fast.compiled import jit
+from tinydecoder.fast.compiled.quant_rows import QuantMatrix
+from tinydecoder.perf import weights_bench as wb
+
+
+def blocks(rng, N, K):
+    nb = K // 32
+    d = rng.uniform(-0.04, 0.04, (N, nb)).astype("<f2").view(np.uint8).reshape(N, nb, 2)
+    m = rng.uniform(-0.3, 0.3, (N, nb)).astype("<f2").view(np.uint8).reshape(N, nb, 2)
+    return np.ascontiguousarray(np.concatenate([d, m, rng.integers(0, 256, (N, nb, 16), dtype=np.uint8)], 2)
+                                .reshape(N, -1))
+
+
+def twins():
+    """(a Q4_1 model, the same numbers as float32 out-major matrices)."""
+    cfg = td.Config(vocab_size=50, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32, n_layers=2, d_ff=64,
+                    max_context=300, position="rope", norm_eps=1e-5, rope_layout="halves", tied_embeddings=True,
+                    name="weights-bench-test")
+    rng = np.random.default_rng(0)
+    D = cfg.d_model
+    def qkv():  # Q, K and V as parts: a last-only pass splits Q from K and V
+        return QuantMatrix([(blocks(rng, n, D), a + np.arange(n)) for a, n in ((0, 64), (64, 32), (96, 32))], "Q4_1", D)
+
+    layers = [LayerWeights(w_qkv=qkv(),
+                           wo=QuantMatrix.from_blocks(blocks(rng, D, 64), "Q4_1", 64),
+                           w_gate_up=QuantMatrix.from_blocks(blocks(rng, 128, D), "Q4_1", D),
+                           w_down=QuantMatrix.from_blocks(blocks(rng, D, 64), "Q4_1", 64),
+                           attn_norm=np.ones(D, np.float32), ffn_norm=np.ones(D, np.float32)) for _ in range(2)]
+    embed = rng.normal(0, 1, (cfg.vocab_size, D)).astype(np.float32)
+    q = Model(cfg, embed=embed, layers=layers, final_norm=np.ones(D, np.float32), lm_head=None)
+    dense = [LayerWeights(**{k: np.asfortranarray(np.asarray(v), np.float32) for k, v in layer.arrays().items()})
+             for layer in layers]
+    return q, Model(cfg, embed=embed.copy(), layers=dense, final_norm=np.ones(D, np.float32), lm_head=None)
+
+
+@pytest.mark.skipif(not jit.available(), reason="the Q4_1 products need numba")
+def test_compare_weights_reports_both_and_batch_for_the_first():
+    q, f = twins()
+    section = wb.compare_weights({"q4_1": q, "f32": f}, decode_contexts=(8, 32), lengths=(16,), rounds=2, steps=2,
+                                 batch_sizes=(1, 2), batch_context=8, bandwidth_bytes=2**20)
+    assert list(section) == ["q4_1", "f32"]
+    for name, model in (("q4_1", q), ("f32", f)):
+        s = section[name]
+        assert s["weights_bytes"] == model.nbytes
+        for key in ("decode_tokens_per_second", "decode_roof_fraction", "decode_bandwidth_gbps"):
+            assert set(s[key]) == {"8", "32"} and all(v > 0 for v in s[key].values())
+        kv = model.config.kv_bytes_per_token(4)
+        assert s["decode_bytes_per_token"] == {str(c): model.nbytes + (c + 1) * kv for c in (8, 32)}
+        assert set(s["prefill_tokens_per_second"]) == {"16"} and s["prefill_tokens_per_second"]["16"] > 0
+    layer_bytes = {name: sum(w.nbytes for w in (m.layers[0].w_qkv, m.layers[0].wo)) for name, m in (("q4_1", q),
+                                                                                                  ("f32", f))}
+    assert layer_bytes["q4_1"] * 128 == layer_bytes["f32"] * 20  # 20 bytes a block of 32 against 4 bytes a weight
+    assert [row["batch"] for row in section["q4_1"]["batch_decode"]] == [1, 2]
+    assert "batch_decode" not in section["f32"]
+
+
+def test_weights_target_is_q4_1_over_f32_at_128():
+    def side(tps, share):
+        return {"decode_tokens_per_second": {"128": tps, "512": 1.0}, "decode_roof_fraction": {"128": share}}
+
+    got = wb.weights_targets({"q4_1": side(150.0, 0.42), "f32": side(60.0, 0.8)})
+    assert got == {"q4_1 decode at context 128 over f32 (q4_1 at 42% of the roof)":
+                   {"measured": 2.5, "target": ">= 2.5", "met": True}}
+    (t,) = wb.weights_targets({"q4_1": side(149.0, 0.42), "f32": side(60.0, 0.8)}).values()
+    assert t["measured"] == pytest.approx(149 / 60) and not t["met"]
+    assert wb.weights_targets({"f32": side(60.0, 0.8)}) == {} and wb.weights_targets(None) == {}
+
+
+def test_format_weights_lines():
+    s = {"decode_tokens_per_second": {"128": 150.0}, "decode_roof_fraction": {"128": 0.4},
+         "decode_bytes_per_token": {"128": 97e6}, "prefill_tokens_per_second": {"128": 900.0},
+         "batch_decode": [{"batch": 4, "tokens_per_second": 300.0}]}
+    lines = wb.format_weights({"q4_1": s})
+    assert "q4_1 decode: ctx 128 150.0 tok/s (40% roof, 97.0 MB)" in "\n".join(lines)
+    assert any("q4_1 batch   4: 300.0 tok/s" in line for line in lines)
+    assert wb.format_weights(None) == [] and wb.format_weights({}) == []
