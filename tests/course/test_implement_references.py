@@ -42,6 +42,6 @@ def test_every_implement_cell_of_the_notebooks_is_a_known_exercise():
         for name in implement_exercises(nbformat.read(str(path), as_version=4)):
             found[name] = path.name[:2]
     assert set(found) <= set(exercises()), set(found) - set(exercises())
-    new = {"pre_norm_block": "03", "cached_greedy": "07", "paged_decode_attention": "17", "chunk_mask": "18",
-           "tensor_parallel_swiglu": "21", "moe_forward": "23", "apply_token_bitmask": "24"}
+    new = {"pre_norm_block": "03", "cached_greedy": "07", "paged_decode_attention": "17", "chunk_mask": "19",
+           "tensor_parallel_swiglu": "22", "moe_forward": "24", "apply_token_bitmask": "25"}
     assert {name: found.get(name) for name in new} == new
