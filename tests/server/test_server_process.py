@@ -1,45 +1,13 @@
 """`python -m tinydecoder serve` as a learner runs it: binds 127.0.0.1, answers, and exits 0
 on SIGINT or SIGTERM, also with a stream in flight (its request is finished or cancelled)."""
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import pytest
+from cli_server import start
 
 pytest.importorskip("uvicorn")
 pytestmark = pytest.mark.server
-LIB = Path(__file__).resolve().parents[2] / "lib"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(*args):
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=f"{LIB}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.Popen([sys.executable, "-m", "tinydecoder", "serve", "--model", "toy", "--port", str(port), *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, f"http://127.0.0.1:{port}"
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the server did not start: {proc.communicate()[0]}")
-        time.sleep(0.1)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_the_cli_server_answers_and_stops_cleanly_on_a_signal(sig):
     proc, url = start("--max-batch", "2", "--kv-blocks", "32")

@@ -3,13 +3,7 @@ from the HTTP server under concurrent requests (one preempted), from the CLI ser
 Ctrl-C, and from `generate`."""
 import asyncio
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,6 +12,8 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
+from cli_server import start  # noqa: E402
+
 import tinydecoder as td  # noqa: E402
 from tinydecoder.cli import main  # noqa: E402
 from tinydecoder.server import parse_metrics, start_server  # noqa: E402
@@ -25,7 +21,6 @@ from tinydecoder.serving.trace_events import REQUESTS_PID, TraceRecorder, load_t
 
 pytestmark = pytest.mark.server
 TOY = td.toy_model()
-LIB = Path(__file__).resolve().parents[2] / "lib"
 
 
 def tracks(events) -> dict:
@@ -73,29 +68,10 @@ def test_a_served_trace_has_every_request_its_decode_steps_and_a_preemption(tmp_
     assert timed == sorted(timed)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_serve_trace_is_valid_json_after_ctrl_c(tmp_path):
-    path, port = tmp_path / "cli.json", free_port()
-    env = dict(os.environ, PYTHONPATH=f"{LIB}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.Popen([sys.executable, "-m", "tinydecoder", "serve", "--model", "toy", "--port", str(port),
-                             "--max-batch", "2", "--kv-blocks", "32", "--trace", str(path)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
+    path = tmp_path / "cli.json"
+    proc, url = start("--max-batch", "2", "--kv-blocks", "32", "--trace", str(path))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-            time.sleep(0.1)
         r = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": "0 1 2 3", "max_tokens": 4,
                                                        "temperature": 0}, timeout=30)
         assert r.json()["choices"][0]["text"] == " 3 2 0 4"
