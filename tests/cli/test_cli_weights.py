@@ -61,16 +61,19 @@ def test_toy_bench_json_has_the_weights_section(capsys):
 
 
 @pytest.mark.smollm2
-def test_generate_q4_1_gives_f32s_greedy_tokens(capsys):
+def test_generate_by_default_and_with_q4_1_gives_f32s_greedy_tokens(capsys):
     from tinydecoder.fast.compiled import jit
 
     if not jit.available():
         pytest.skip("q4_1's kernels need numba")
-    runs = {}
-    for weights in ("q4_1", "f32"):
-        assert cli_main(["generate", "--prompt", "The three primary colors are", "--max-new-tokens", "16",
-                         "--json", "--weights", weights]) == 0
-        runs[weights] = json.loads(capsys.readouterr().out)
-    assert runs["q4_1"]["prompt_token_ids"] == runs["f32"]["prompt_token_ids"]
-    assert len(runs["f32"]["token_ids"]) > 0
-    assert runs["q4_1"]["token_ids"] == runs["f32"]["token_ids"] and runs["q4_1"]["text"] == runs["f32"]["text"]
+    for prompt in ("The three primary colors are", "A lighthouse keeper found a bottle that"):
+        runs = {}
+        for weights in (None, "q4_1", "f32"):  # None: generate's default for one stream
+            assert cli_main(["generate", "--prompt", prompt, "--max-new-tokens", "16", "--json"]
+                            + (["--weights", weights] if weights else [])) == 0
+            runs[weights] = json.loads(capsys.readouterr().out)
+        assert [runs[w]["weights"] for w in (None, "q4_1", "f32")] == ["q4_1", "q4_1", "f32"]
+        assert runs["q4_1"]["prompt_token_ids"] == runs["f32"]["prompt_token_ids"]
+        assert len(runs["f32"]["token_ids"]) == 16
+        for w in (None, "q4_1"):
+            assert runs[w]["token_ids"] == runs["f32"]["token_ids"] and runs[w]["text"] == runs["f32"]["text"]

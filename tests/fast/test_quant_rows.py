@@ -140,3 +140,42 @@ def test_bad_shapes_are_clear_errors():
         qr.rows_times(np.zeros((2, 64), np.float32), w.T, np.empty((2, 4), np.float32))
     with pytest.raises(IndexError):
         w.T[np.array([4])]
+
+
+@needs_numba
+@pytest.mark.parametrize("table", [False, True])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("K", [32, 96, 160, 576])
+def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
+    """quant_dots' kernels, each compiled both ways whatever this machine picks (TABLE): blocks
+    converted to floats, or Q4_1 weights picked from a table of 16 (AVX-512 only); R input rows
+    against one output row (make_dots: 1-4 rows, UNROLL blocks in flight and a tail) and one input
+    row against OUTPUTS output rows (make_outputs), on distinct random blocks."""
+    from tinydecoder.fast.compiled import quant_dots as qd
+
+    if table and (kind != "Q4_1" or not qd.has_avx512()):
+        pytest.skip("the table is read with AVX-512's vpermps, for Q4_1 blocks")
+    import numba
+
+    rng = np.random.default_rng(K + 7 * table)
+    O = qd.OUTPUTS
+    raw = random_blocks(rng, O, K, kind)
+    W = gguf_weights(raw, kind, K).astype(np.float64)  # [O, K]
+    x = rng.standard_normal((4, K)).astype(np.float32)
+    sx = x.reshape(4, -1, 32).sum(axis=2, dtype=np.float32)
+    flat = raw.reshape(-1)
+    def compile_(intrinsic):  # a compiled function that calls the intrinsic at offsets 0
+        return numba.njit(lambda raw, x, K, sx, acc: intrinsic(raw, 0, x, 0, K, sx, 0, acc))
+
+    for R in (1, 2, 3, 4):
+        dots = compile_(qd.make_dots(kind, R, table))
+        acc = np.full((R, 33), np.nan, np.float32)
+        dots(flat, x, K, sx, acc)
+        got = acc[:, :32].astype(np.float64).sum(axis=1) + acc[:, 32]
+        err = np.abs(got - x[:R].astype(np.float64) @ W[0])
+        assert (err <= bound(x[:R], raw[:1], kind, K)[:, 0]).all(), (R, err)
+    outputs = compile_(qd.make_outputs(kind, O, table))
+    acc = np.full(O, np.nan, np.float32)
+    outputs(flat, x, K, sx, acc)
+    err = np.abs(acc - W @ x[0].astype(np.float64))
+    assert (err <= bound(x[:1], raw, kind, K)[0]).all(), err

@@ -12,8 +12,8 @@
     open_model("smollm2", weights="q4_1")   # SmolLM2 on the GGUF file's own Q4_1 blocks
 
 `weights` chooses how SmolLM2's matrices are held: "f32" (float32, dequantised once into a cache)
-or "q4_1" (the file's Q4_1 blocks, read in place by the fast path); None: DEFAULT_WEIGHTS. The
-toy has float32 weights only.
+or "q4_1" (the file's Q4_1 blocks, read in place by the fast path); None: DEFAULT_WEIGHTS
+(`generate`'s one stream: ONE_STREAM_WEIGHTS). The toy has float32 weights only.
 
 Where a command needs another toy (the bench measures a float32 toy with room for long
 contexts), it passes `toy=` a function that builds it; the name is still checked here.
@@ -24,11 +24,15 @@ from dataclasses import dataclass
 
 MODEL_NAMES = ("smollm2", "toy")
 WEIGHTS = ("f32", "q4_1")
-# SmolLM2's default. Measured by `bench --model smollm2` (weights section) on a 2-vCPU Zen 5 VM,
-# December 2026: q4_1's decode 1.7x float32's at context 128 on a quiet machine (173 against 103
-# tokens/s; 2.4-2.7x when other jobs took float32's bandwidth), but its prefill 2-12% slower (the
-# blocks are dequantised once per product), so float32 stays the default; --weights q4_1 decodes faster.
+# SmolLM2's weights when none are named. One stream (`generate` without --speculative, --beams or
+# --tensor-parallel): ONE_STREAM_WEIGHTS, the file's Q4_1 blocks, whose decode step reads a fifth of
+# the bytes. Anything that runs passes over several rows (serve's batches, speculative checks, beams,
+# bench's targets): DEFAULT_WEIGHTS, float32. Measured by `bench --model smollm2` on a 2-vCPU AMD EPYC
+# Zen 5 VM, December 2026: q4_1 decode 2.9-3.1x float32's at context 128 (212-222 against 69-76
+# tokens/s), prefill within 1-4% of float32's; but a pass over 8 rows costs 4.1 q4_1 decode steps
+# (float32: 1.2), and batch 16 reaches 2.4x batch 1 (float32: 6.4x), so float32 is faster from ~8 rows on.
 DEFAULT_WEIGHTS = "f32"
+ONE_STREAM_WEIGHTS = "q4_1"
 
 
 def check_model_name(name) -> str:
@@ -38,11 +42,11 @@ def check_model_name(name) -> str:
     return name
 
 
-def check_weights(name: str, weights) -> str:
-    """The weights to load for model `name`: `weights`, or DEFAULT_WEIGHTS when None (the toy: "f32");
+def check_weights(name: str, weights, default: str = DEFAULT_WEIGHTS) -> str:
+    """The weights to load for model `name`: `weights`, or `default` when None (the toy: "f32");
     a ValueError naming the choices otherwise."""
     if weights is None:
-        return DEFAULT_WEIGHTS if check_model_name(name) == "smollm2" else "f32"
+        return default if check_model_name(name) == "smollm2" else "f32"
     if weights not in WEIGHTS:
         raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
     if weights != "f32" and check_model_name(name) != "smollm2":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..checkpoint.registry import DEFAULT_WEIGHTS, MODEL_NAMES, WEIGHTS, toy_prompt_ids
+from ..checkpoint.registry import DEFAULT_WEIGHTS, MODEL_NAMES, ONE_STREAM_WEIGHTS, WEIGHTS, toy_prompt_ids
 
 
 def positive_int_arg(text: str) -> int:
@@ -35,13 +35,16 @@ def add_model_argument(parser, default: str, help: str) -> None:
     parser.add_argument("--model", choices=MODEL_NAMES, default=default, help=help)
 
 
-def add_weights_argument(parser) -> None:
-    """--weights f32|q4_1: how SmolLM2's matrices are held (checkpoint.registry.DEFAULT_WEIGHTS)."""
+def add_weights_argument(parser, one_stream: bool = False) -> None:
+    """--weights f32|q4_1: how SmolLM2's matrices are held (checkpoint.registry's DEFAULT_WEIGHTS;
+    one_stream: generate's, ONE_STREAM_WEIGHTS for one stream)."""
+    default = (f"default {ONE_STREAM_WEIGHTS} for one stream (its decode reads a fifth of the bytes), {DEFAULT_WEIGHTS} "
+               "with --speculative, --beams or --tensor-parallel (passes over several rows, where float32 is faster)"
+               if one_stream else f"default {DEFAULT_WEIGHTS} (this command runs passes over several rows, where "
+               "float32 is faster; q4_1 decodes one stream faster)")
     parser.add_argument("--weights", choices=WEIGHTS, default=None,
-                        help=f"SmolLM2's weights: f32 (float32) or q4_1 (the GGUF file's Q4_1 blocks read in place: "
-                             f"decode 1.7x float32's on our 2-core test machine, prefill 2-12%% slower, the same "
-                             f"greedy tokens in our tests); default {DEFAULT_WEIGHTS}, since q4_1's prefill is "
-                             f"slower; the toy has f32 only")
+                        help="SmolLM2's weights: f32 (float32) or q4_1 (the GGUF file's Q4_1 blocks read in place; "
+                             f"the same greedy tokens in our tests); {default}; the toy has f32 only")
 
 
 def toy_prompt(args) -> list:

@@ -25,7 +25,7 @@ def add_parser(subparsers) -> None:
                                 description="Stream a continuation of --prompt, greedy unless a temperature, top-k "
                                             "or top-p is given.")
     add_model_argument(gen, "smollm2", "smollm2: the real model (default); toy: the worked example's decoder, prompt = token ids")
-    add_weights_argument(gen)  # --weights f32|q4_1
+    add_weights_argument(gen, one_stream=True)  # --weights f32|q4_1
     gen.add_argument("--prompt", required=True, help="the text to continue (toy: ids such as \"0 1 2 3\")")
     gen.add_argument("--chat", action="store_true",
                      help="wrap the prompt in the chat template as a user message; stop at <|im_end|>")
@@ -96,9 +96,9 @@ def run_plain(args, processors) -> int:
     def show(text):
         print(text, end="", flush=True)
 
-    from ..checkpoint.registry import check_weights
+    from ..checkpoint.registry import ONE_STREAM_WEIGHTS, check_weights
 
-    weights = check_weights(args.model, args.weights)  # a clear error before anything loads
+    weights = check_weights(args.model, args.weights, ONE_STREAM_WEIGHTS)  # a clear error before anything loads
     if args.model == "toy":
         result = toy_generation(args, processors, (lambda t: show(f" {t}")) if stream else None)
     else:
@@ -111,7 +111,8 @@ def run_plain(args, processors) -> int:
         print()  # the streamed text's line ends before a warning about it
     ended = endings(args, processors, result.prompt_token_ids, result.token_ids, result.stopped)
     if args.json:
-        print(json.dumps(result.to_dict() | ended | {"malloc_keeps_freed_memory": args.malloc_kept}, indent=2))
+        print(json.dumps(result.to_dict() | ended | {"weights": weights, "malloc_keeps_freed_memory": args.malloc_kept},
+                         indent=2))
     return 0
 
 

@@ -12,17 +12,42 @@ lane-wise sums (`<32 x float>`, which LLVM splits into the machine's vectors).
 For b < K / 32, the block at raw.flat[w_start + b * bytes]: acc[r, 0:32] += (d q) * x.flat[x_start
 + r K + 32 b : ... + 32] (lane-wise), and for Q4_1 acc[r, 32] += m * sx.flat[sx_start + r K/32 + b]
 (sx: the rows' block sums). acc: C-contiguous float32 [R, 33], written (not added to).
+
+Q4_1 by table (`make_dots("Q4_1", R, table=True)`, where the machine has AVX-512: `TABLE`): a
+block's 16 possible weights d * q + m (q = 0..15) are one vector, built by one fused multiply-add
+from d, m and 0..15, and each code picks its weight from it (x86's vpermps takes a code's low 4
+bits as the lane: the low nibbles as they are, the high ones after a shift). That replaces the
+conversion of 32 codes to floats, the multiply by d and the m term (acc[r, 32] is 0), and gives
+each weight as float32's dequantisation rounds it, fl(d q + m), exactly the f32 path's weight.
 """
 from __future__ import annotations
 
+import numba
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .llvm import _prefetch_line
+
 _F32, _I64, _I32, _I16, _I8 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.IntType(8)
 _V32 = ir.VectorType(_F32, 32)
+_V16 = ir.VectorType(_F32, 16)
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
+
+
+def has_avx512() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 (the table's vpermps): its NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES when set, else this machine's."""
+    if numba.config.CPU_FEATURES:
+        return "+avx512f" in numba.config.CPU_FEATURES.split(",")
+    if numba.config.CPU_NAME and numba.config.CPU_NAME != "host":
+        return False  # a named CPU without a feature list: not assumed
+    return bool(llvm_binding.get_host_cpu_features().get("avx512f", False))
+
+
+TABLE = has_avx512()  # Q4_1 blocks by table (module docstring) where the CPU has vpermps on 16 lanes
 
 
 def _splat(builder, value, lanes: int, type_):
@@ -59,9 +84,36 @@ def _decoded(builder, kind, p):
     return builder.fmul(_splat(builder, d, 32, _F32), qf), m
 
 
-def _block(builder, kind, p, b, nb, K, x_p, s_p, sums, msums, fma):
-    """One block at p against each row: -> the new lane-wise sums and m-term sums."""
+def _by_table(builder, p):
+    """A Q4_1 block's 32 weights fl(d q + m) as <32 x float>, each picked from the 16 possible."""
     c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    i32s = lambda v: ir.Constant(ir.VectorType(_I32, 16), [ir.Constant(_I32, v)] * 16)  # noqa: E731
+    dm = builder.fpext(builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1),
+                       ir.VectorType(_F32, 2))
+    d, m = builder.extract_element(dm, ir.Constant(_I32, 0)), builder.extract_element(dm, ir.Constant(_I32, 1))
+    fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
+    levels = ir.Constant(_V16, [ir.Constant(_F32, float(q)) for q in range(16)])
+    table = builder.call(fma16, [_splat(builder, d, 16, _F32), levels, _splat(builder, m, 16, _F32)])
+    codes = builder.load(builder.bitcast(builder.gep(p, [c64(4)]), ir.VectorType(_I8, 16).as_pointer()), align=1)
+    wide = builder.zext(codes, ir.VectorType(_I32, 16))
+    pick = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16, ir.VectorType(_I32, 16)]),
+                                          "llvm.x86.avx512.permvar.sf.512")
+    lo = builder.call(pick, [table, builder.and_(wide, i32s(15))])  # weights 0-15: low nibbles
+    hi = builder.call(pick, [table, builder.lshr(wide, i32s(4))])  # weights 16-31: high nibbles
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), [ir.Constant(_I32, i) for i in range(32)]))
+
+
+def _block(builder, kind, p, b, nb, K, x_p, s_p, sums, msums, fma, table=False):
+    """One block at p against each row: -> the new lane-wise sums and m-term sums (by table: the
+    weights include m, and the m-term sums stay as they are)."""
+    c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    if table:
+        w = _by_table(builder, p)
+        new = []
+        for r, acc in enumerate(sums):
+            xr = builder.gep(x_p, [builder.add(builder.mul(c64(r), K), builder.mul(b, c64(32)))])
+            new.append(builder.call(fma, [w, builder.load(builder.bitcast(xr, _V32.as_pointer()), align=4), acc]))
+        return new, list(msums)
     w, m = _decoded(builder, kind, p)
     new, new_m = [], []
     for r, (acc, macc) in enumerate(zip(sums, msums)):
@@ -75,9 +127,44 @@ def _block(builder, kind, p, b, nb, K, x_p, s_p, sums, msums, fma):
     return new, new_m
 
 
-def make_dots(kind: str, R: int):
-    """The intrinsic for `kind` blocks ("Q4_1" or "Q8_0") against R input rows (module docstring)."""
+# Blocks in flight per loop step, by rows: each has its own sums, so that a sum waits for no fused
+# multiply-add but its own (a chain of them, one per block, would wait out each one's latency).
+UNROLL = {1: 4, 2: 2, 3: 2, 4: 2}
+
+
+def _loop(builder, start, stop, step: int, init: list, body) -> list:
+    """The IR of `for b in range(start, stop, step): state = body(b, state)` ((stop - start) a
+    multiple of step); returns the state after it (init when it runs no step)."""
+    c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    entry = builder.block
+    loop, done = builder.append_basic_block("qdots.loop"), builder.append_basic_block("qdots.done")
+    builder.cbranch(builder.icmp_signed("<", start, stop), loop, done)
+    builder.position_at_end(loop)
+    b = builder.phi(_I64)
+    b.add_incoming(start, entry)
+    state = [builder.phi(v.type) for v in init]
+    for phi, v in zip(state, init):
+        phi.add_incoming(v, entry)
+    new = body(b, state)
+    latch, b_next = builder.block, builder.add(b, c64(step))
+    builder.cbranch(builder.icmp_signed("<", b_next, stop), loop, done)
+    b.add_incoming(b_next, latch)
+    for phi, v in zip(state, new):
+        phi.add_incoming(v, latch)
+    builder.position_at_end(done)
+    final = [builder.phi(v.type) for v in init]
+    for phi, v, v0 in zip(final, new, init):
+        phi.add_incoming(v, latch)
+        phi.add_incoming(v0, entry)
+    return final
+
+
+def make_dots(kind: str, R: int, table: bool = False):
+    """The intrinsic for `kind` blocks ("Q4_1" or "Q8_0") against R input rows (module docstring);
+    table: Q4_1 by table (needs AVX-512)."""
     block_bytes = BLOCK_BYTES[kind]
+    if table and kind != "Q4_1":
+        raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
 
     @intrinsic
     def dots_(typingctx, raw, w_start, x, x_start, K, sx, sx_start, acc):
@@ -97,33 +184,29 @@ def make_dots(kind: str, R: int):
             acc_p = builder.bitcast(aa.data, _F32.as_pointer())
             nb = builder.sdiv(K_, c64(32))
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
-            begin = builder.block
-            loop = builder.append_basic_block("qdots.loop")
-            done = builder.append_basic_block("qdots.done")
-            builder.cbranch(builder.icmp_signed(">", nb, c64(0)), loop, done)
-            builder.position_at_end(loop)
-            b = builder.phi(_I64)
-            b.add_incoming(c64(0), begin)
-            sums = [builder.phi(_V32) for _ in range(R)]
-            msums = [builder.phi(_F32) for _ in range(R)]
-            for phi in sums:
-                phi.add_incoming(ir.Constant(_V32, None), begin)
-            for phi in msums:
-                phi.add_incoming(ir.Constant(_F32, 0.0), begin)
-            new, new_m = _block(builder, kind, builder.gep(raw_p, [builder.mul(b, c64(block_bytes))]), b, nb, K_,
-                                x_p, s_p, sums, msums, fma)
-            latch = builder.block
-            b_next = builder.add(b, c64(1))
-            builder.cbranch(builder.icmp_signed("<", b_next, nb), loop, done)
-            b.add_incoming(b_next, latch)
-            for phi, value in zip(sums + msums, new + new_m):
-                phi.add_incoming(value, latch)
-            builder.position_at_end(done)
-            final = [builder.phi(_V32) for _ in range(R)]
-            final_m = [builder.phi(_F32) for _ in range(R)]
-            for phi, value in zip(final + final_m, new + new_m):
-                phi.add_incoming(value, latch)
-                phi.add_incoming(ir.Constant(phi.type, None if phi.type == _V32 else 0.0), begin)
+            U = UNROLL[R]
+
+            def blocks(b, state, n):  # n blocks from b on, each with its own sums: state [n][2R]
+                out = []
+                for line in range(0, n * block_bytes, 64):  # the bytes PREFETCH_BYTES ahead, asked for
+                    _prefetch_line(builder, builder.gep(raw_p, [builder.add(builder.mul(b, c64(block_bytes)),
+                                                                            c64(PREFETCH_BYTES + line))]))
+                for u in range(n):
+                    bu = builder.add(b, c64(u))
+                    new, new_m = _block(builder, kind, builder.gep(raw_p, [builder.mul(bu, c64(block_bytes))]), bu, nb,
+                                        K_, x_p, s_p, state[u * 2 * R:u * 2 * R + R], state[u * 2 * R + R:(u + 1) * 2 * R],
+                                        fma, table)
+                    out += new + new_m
+                return out
+
+            zero = [ir.Constant(_V32, None)] * R + [ir.Constant(_F32, 0.0)] * R
+            main_end = builder.sub(nb, builder.srem(nb, c64(U)))
+            state = _loop(builder, c64(0), main_end, U, zero * U, lambda b, st: blocks(b, st, U))
+            sums = state[:2 * R]  # the U sets of sums added: one set for the last blocks
+            for u in range(1, U):
+                sums = [builder.fadd(a, b_) for a, b_ in zip(sums, state[u * 2 * R:(u + 1) * 2 * R])]
+            final_all = _loop(builder, main_end, nb, 1, sums, lambda b, st: blocks(b, st, 1))
+            final, final_m = final_all[:R], final_all[R:]
             for r in range(R):
                 row = builder.gep(acc_p, [c64(33 * r)])
                 builder.store(final[r], builder.bitcast(row, _V32.as_pointer()), align=4)
@@ -135,7 +218,91 @@ def make_dots(kind: str, R: int):
     return dots_
 
 
-q41_dots1, q41_dots2, q41_dots3, q41_dots4 = (make_dots("Q4_1", R) for R in (1, 2, 3, 4))
+def _reduce32(builder, v):
+    """The sum of a <32 x float>'s lanes (halves added until one lane is left)."""
+    n = 32
+    while n > 1:
+        n //= 2
+        low, high = (ir.Constant(ir.VectorType(_I32, n), [ir.Constant(_I32, first + i) for i in range(n)]) for first in (0, n))
+        v = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high))
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def make_outputs(kind: str, O: int, table: bool = False):
+    """One input row against O output rows (a decode step's products): the intrinsic
+
+        outputs(raw, w_start, x, x_start, K, sx, sx_start, acc)
+
+    writes acc[o] = x.flat[x_start : x_start + K] . W_o for the O consecutive rows of blocks at
+    raw.flat[w_start + o * K/32 * bytes] (Q4_1's m term included, from the row's block sums
+    sx.flat[sx_start:]). The rows are read one after another, in the file's order (4 rows read side
+    by side left the hardware prefetcher behind: the 30 MB head ran at a third of the speed), each
+    with OUTPUT_UNROLL sets of sums in flight, and each is added up in registers: no call, no store
+    and reload per output row, which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work
+    a block."""
+    block_bytes = BLOCK_BYTES[kind]
+    if table and kind != "Q4_1":
+        raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
+
+    @intrinsic
+    def outputs_(typingctx, raw, w_start, x, x_start, K, sx, sx_start, acc):
+        ok = (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
+              and all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, sx, acc)))
+        if not ok:
+            return None
+        sig = types.void(raw, w_start, x, x_start, K, sx, sx_start, acc)
+
+        def codegen(context, builder, signature, args):
+            ra, xa, sa, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5, 7))
+            w0, x0, K_, s0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4, 6))
+            c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+            raw_p = builder.gep(builder.bitcast(ra.data, _I8.as_pointer()), [w0])
+            x_p = builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [x0])
+            s_p = builder.gep(builder.bitcast(sa.data, _F32.as_pointer()), [s0])
+            acc_p = builder.bitcast(aa.data, _F32.as_pointer())
+            nb = builder.sdiv(K_, c64(32))
+            row_bytes = builder.mul(nb, c64(block_bytes))
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
+            fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+            U = OUTPUT_UNROLL
+
+            def block(o, b, acc, macc):  # output o's block b: -> its new lane-wise sums and m-term sum
+                xv = builder.load(builder.bitcast(builder.gep(x_p, [builder.mul(b, c64(32))]), _V32.as_pointer()), align=4)
+                p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
+                w, m = (_by_table(builder, p), None) if table else _decoded(builder, kind, p)
+                if m is not None:
+                    macc = builder.call(fma1, [m, builder.load(builder.gep(s_p, [b]), align=4), macc])
+                return [builder.call(fma, [w, xv, acc]), macc]
+
+            def ahead(o, b):  # ask for the bytes PREFETCH_BYTES past this step's blocks (a line per 64)
+                p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
+                for line in range(0, U * block_bytes, 64):
+                    _prefetch_line(builder, builder.gep(p, [c64(PREFETCH_BYTES + line)]))
+                return []
+
+            zero = [ir.Constant(_V32, None), ir.Constant(_F32, 0.0)]
+            main_end = builder.sub(nb, builder.srem(nb, c64(U)))
+            for o in range(O):  # one output after another: the blocks are read in the file's order
+                state = _loop(builder, c64(0), main_end, U, zero * U,
+                              lambda b, st, o=o: ahead(o, b) + sum((block(o, builder.add(b, c64(u)), *st[2 * u:2 * u + 2])
+                                                                    for u in range(U)), []))
+                sums = state[:2]
+                for u in range(1, U):
+                    sums = [builder.fadd(sums[0], state[2 * u]), builder.fadd(sums[1], state[2 * u + 1])]
+                final = _loop(builder, main_end, nb, 1, sums, lambda b, st, o=o: block(o, b, *st))
+                builder.store(builder.fadd(_reduce32(builder, final[0]), final[1]), builder.gep(acc_p, [c64(o)]), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return outputs_
+
+
+OUTPUTS = 4  # output rows per call of the one-row kernels below
+PREFETCH_BYTES = 2048  # how far ahead of the blocks it reads a one-row kernel asks the memory for more
+OUTPUT_UNROLL = 3  # blocks in flight in each (as UNROLL; 3 divides SmolLM2's 18 and 48 blocks a row)
+q41_outputs, q80_outputs = make_outputs("Q4_1", OUTPUTS, TABLE), make_outputs("Q8_0", OUTPUTS)
+q41_dots1, q41_dots2, q41_dots3, q41_dots4 = (make_dots("Q4_1", R, TABLE) for R in (1, 2, 3, 4))
 q80_dots1, q80_dots2, q80_dots3, q80_dots4 = (make_dots("Q8_0", R) for R in (1, 2, 3, 4))
 
 

@@ -28,20 +28,26 @@ without moving a byte. Its transpose `.T` is the embedding table view: `table[id
 just those rows.
 
 Kernels (compiled by jit.compiled, every core): up to ROWS_UP_TO rows (a decode step, a
-speculative check, a small batch), `_rows`: each thread walks its share of the output rows, and
-per block decodes the 32 weights once into registers (d * q) and adds their products with each
-input row into 32 lane-wise sums per row (no horizontal add per block). More rows (a prefill),
-`_tiles`: each task dequantises 6 output rows into a small float32 buffer (in cache) and runs
-tiles.py's register tile over every block of 16 packed rows, as tiles.py does for float32; from
-DENSE_FROM_ROWS rows a matrix is dequantised whole into float32 first (`_dequantize_all`) and
+speculative check, a small batch), `_rows`: each thread walks its share of the output rows. One
+input row against Q4_1 blocks (a decode step's layers) runs quant_dots' `outputs` kernel: OUTPUTS
+output rows a call, read in the file's order with the memory asked for ahead, several blocks' sums
+in flight, each output summed in registers (the weights picked from a table of 16 where the CPU has
+AVX-512). Q8_0 blocks (the head) and two to eight rows run quant_dots' `dots` (Q8_0's `outputs`
+streamed the 30 MB head from memory at half the speed, measured): per block the 32 weights are decoded once into registers and
+multiplied with each input row (up to 4 a call) into 32 lane-wise sums per row. More rows (a
+prefill), `_tiles`: each task dequantises 6 output rows into a small float32 buffer (in cache) and
+runs tiles.py's register tile over every block of 16 packed rows, as tiles.py does for float32;
+from DENSE_FROM_ROWS rows a matrix is dequantised whole into float32 first (`_dequantize_all`) and
 tiles.py's own product runs on it (a little faster, see DENSE_FROM_ROWS).
 
-Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM shared with other jobs, so one
-thread and its CPU time, q4_1 and f32 alternating in one process, medians of 3): a decode step's
-121 products 9.6 ms (96 MB of blocks: compute-bound, ~16 AVX-512 instructions a block, checked
-with numba's inspect_asm); whole decode steps 88 tok/s against f32's 60 at context 128, 80
-against 55 at 512; prefill 0.213 s against 0.209 (100 tokens), 1.07 against 1.04 (500): a
-prefill's products give f32's tiles' numbers bit for bit, plus the dequantising.
+Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM): one thread, one input row,
+Q4_1 at K = 576 (18 blocks a row), 4.2 cycles a block when each output row was its own call
+and summed its 32 lanes after it, 2.4-2.6 with `outputs` (in cache and from memory alike); the
+30 MB Q8_0 head 1.5 ms. Whole decode steps (`bench`, q4_1 and f32 alternating in one run): 212-222
+against f32's 69-76 tokens/s at context 128 (2.9-3.1x; before `outputs` and the prefetch, 177
+against 76). A pass over several rows stays arithmetic-bound: 8 rows cost 4.1 decode steps
+(float32: 1.2). Prefill 1-4% slower than f32's (its products give f32's tiles' numbers bit for
+bit, plus the dequantising).
 """
 from __future__ import annotations
 
@@ -64,10 +70,12 @@ DENSE_UP_TO_WEIGHTS = 1 << 22
 prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_dots.q41_dequant",
           "compiled.quant_dots.q80_dequant",
+          "compiled.quant_dots.q41_outputs", "compiled.quant_dots.q80_outputs",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by jit.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by jit.compiled
-q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
+q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = q41_outputs = q80_outputs = None
+OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
 
 
 class QuantMatrix:
@@ -273,10 +281,21 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
         _block_sums(x, sx)
     for t in prange(threads):
         acc = np.empty((4, 33), np.float32)
+        acc_o = np.empty(OUTPUTS, np.float32)
         for p in range(len(raws)):
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
-            for n in range(t * N // threads, (t + 1) * N // threads):
+            n0, n1 = t * N // threads, (t + 1) * N // threads
+            if M == 1 and q4_1:  # one input row (a decode step): OUTPUTS output rows a call, summed in registers
+                while n0 + OUTPUTS <= n1:
+                    if q4_1:
+                        q41_outputs(raw, n0 * row_bytes, x, 0, K, sx, 0, acc_o)
+                    else:
+                        q80_outputs(raw, n0 * row_bytes, x, 0, K, sx, 0, acc_o)
+                    for o in range(OUTPUTS):
+                        out[0, cols[n0 + o]] = acc_o[o]
+                    n0 += OUTPUTS
+            for n in range(n0, n1):
                 m0 = 0
                 while m0 < M:
                     R = min(4, M - m0)
