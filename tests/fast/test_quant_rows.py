@@ -149,8 +149,8 @@ def test_bad_shapes_are_clear_errors():
 def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
     """quant_dots' kernels, each compiled both ways whatever this machine picks (TABLE): blocks
     converted to floats, or Q4_1 weights picked from a table of 16 (AVX-512 only); R input rows
-    against one output row (make_dots: 1-4 rows, UNROLL blocks in flight and a tail) and one input
-    row against OUTPUTS output rows (make_outputs), on distinct random blocks."""
+    against one output row (make_dots: 1-4 rows, UNROLL blocks in flight and a tail) and 1-4 input
+    rows against OUTPUTS output rows (make_outputs), on distinct random blocks."""
     from tinydecoder.fast.compiled import quant_dots as qd
 
     if table and (kind != "Q4_1" or not qd.has_avx512()):
@@ -174,8 +174,9 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
         got = acc[:, :32].astype(np.float64).sum(axis=1) + acc[:, 32]
         err = np.abs(got - x[:R].astype(np.float64) @ W[0])
         assert (err <= bound(x[:R], raw[:1], kind, K)[:, 0]).all(), (R, err)
-    outputs = compile_(qd.make_outputs(kind, O, table))
-    acc = np.full(O, np.nan, np.float32)
-    outputs(flat, x, K, sx, acc)
-    err = np.abs(acc - W @ x[0].astype(np.float64))
-    assert (err <= bound(x[:1], raw, kind, K)[0]).all(), err
+    for R in (1, 2, 3, 4):
+        outputs = compile_(qd.make_outputs(kind, O, table, R))
+        acc = np.full(O * R, np.nan, np.float32)
+        outputs(flat, x, K, sx, acc)
+        err = np.abs(acc.reshape(O, R) - W @ x[:R].T.astype(np.float64))
+        assert (err <= bound(x[:R], raw, kind, K).T).all(), (R, err)

@@ -228,18 +228,18 @@ def _reduce32(builder, v):
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-def make_outputs(kind: str, O: int, table: bool = False):
-    """One input row against O output rows (a decode step's products): the intrinsic
+def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
+    """R input rows against O output rows (a decode step's products, or a few rows'): the intrinsic
 
         outputs(raw, w_start, x, x_start, K, sx, sx_start, acc)
 
-    writes acc[o] = x.flat[x_start : x_start + K] . W_o for the O consecutive rows of blocks at
-    raw.flat[w_start + o * K/32 * bytes] (Q4_1's m term included, from the row's block sums
-    sx.flat[sx_start:]). The rows are read one after another, in the file's order (4 rows read side
-    by side left the hardware prefetcher behind: the 30 MB head ran at a third of the speed), each
-    with OUTPUT_UNROLL sets of sums in flight, and each is added up in registers: no call, no store
-    and reload per output row, which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work
-    a block."""
+    writes acc[o * R + r] = x.flat[x_start + r K : ... + K] . W_o for the O consecutive rows of
+    blocks at raw.flat[w_start + o * K/32 * bytes] (Q4_1's m term included, from the rows' block
+    sums sx.flat[sx_start + r K/32:]). The output rows are read one after another, in the file's
+    order (4 rows read side by side left the hardware prefetcher behind: the 30 MB head ran at a
+    third of the speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums
+    in flight, and each sum is added up in registers: no call, no store and reload per output row,
+    which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block."""
     block_bytes = BLOCK_BYTES[kind]
     if table and kind != "Q4_1":
         raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
@@ -264,15 +264,22 @@ def make_outputs(kind: str, O: int, table: bool = False):
             row_bytes = builder.mul(nb, c64(block_bytes))
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
             fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
-            U = OUTPUT_UNROLL
+            U = OUTPUT_UNROLL[R]
 
-            def block(o, b, acc, macc):  # output o's block b: -> its new lane-wise sums and m-term sum
-                xv = builder.load(builder.bitcast(builder.gep(x_p, [builder.mul(b, c64(32))]), _V32.as_pointer()), align=4)
+            def block(o, b, st):  # output o's block b against the R rows: st = R lane-wise sums, R m-term sums
                 p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
                 w, m = (_by_table(builder, p), None) if table else _decoded(builder, kind, p)
-                if m is not None:
-                    macc = builder.call(fma1, [m, builder.load(builder.gep(s_p, [b]), align=4), macc])
-                return [builder.call(fma, [w, xv, acc]), macc]
+                sums, msums = [], []
+                for r in range(R):
+                    at = builder.add(builder.mul(c64(r), K_), builder.mul(b, c64(32)))
+                    xv = builder.load(builder.bitcast(builder.gep(x_p, [at]), _V32.as_pointer()), align=4)
+                    sums.append(builder.call(fma, [w, xv, st[r]]))
+                    if m is not None:
+                        s = builder.load(builder.gep(s_p, [builder.add(builder.mul(c64(r), nb), b)]), align=4)
+                        msums.append(builder.call(fma1, [m, s, st[R + r]]))
+                    else:
+                        msums.append(st[R + r])
+                return sums + msums
 
             def ahead(o, b):  # ask for the bytes PREFETCH_BYTES past this step's blocks (a line per 64)
                 p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
@@ -280,17 +287,21 @@ def make_outputs(kind: str, O: int, table: bool = False):
                     _prefetch_line(builder, builder.gep(p, [c64(PREFETCH_BYTES + line)]))
                 return []
 
-            zero = [ir.Constant(_V32, None), ir.Constant(_F32, 0.0)]
+            zero = [ir.Constant(_V32, None)] * R + [ir.Constant(_F32, 0.0)] * R
             main_end = builder.sub(nb, builder.srem(nb, c64(U)))
             for o in range(O):  # one output after another: the blocks are read in the file's order
-                state = _loop(builder, c64(0), main_end, U, zero * U,
-                              lambda b, st, o=o: ahead(o, b) + sum((block(o, builder.add(b, c64(u)), *st[2 * u:2 * u + 2])
-                                                                    for u in range(U)), []))
-                sums = state[:2]
+                def step(b, st, o=o):  # U blocks, each with its own sums
+                    return ahead(o, b) + sum((block(o, builder.add(b, c64(u)), st[2 * R * u:2 * R * (u + 1)])
+                                              for u in range(U)), [])
+
+                state = _loop(builder, c64(0), main_end, U, zero * U, step)
+                sums = state[:2 * R]
                 for u in range(1, U):
-                    sums = [builder.fadd(sums[0], state[2 * u]), builder.fadd(sums[1], state[2 * u + 1])]
-                final = _loop(builder, main_end, nb, 1, sums, lambda b, st, o=o: block(o, b, *st))
-                builder.store(builder.fadd(_reduce32(builder, final[0]), final[1]), builder.gep(acc_p, [c64(o)]), align=4)
+                    sums = [builder.fadd(a_, b_) for a_, b_ in zip(sums, state[2 * R * u:2 * R * (u + 1)])]
+                final = _loop(builder, main_end, nb, 1, sums, lambda b, st, o=o: block(o, b, st))
+                for r in range(R):
+                    builder.store(builder.fadd(_reduce32(builder, final[r]), final[R + r]),
+                                  builder.gep(acc_p, [c64(o * R + r)]), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -298,10 +309,13 @@ def make_outputs(kind: str, O: int, table: bool = False):
     return outputs_
 
 
-OUTPUTS = 4  # output rows per call of the one-row kernels below
-PREFETCH_BYTES = 2048  # how far ahead of the blocks it reads a one-row kernel asks the memory for more
-OUTPUT_UNROLL = 3  # blocks in flight in each (as UNROLL; 3 divides SmolLM2's 18 and 48 blocks a row)
-q41_outputs, q80_outputs = make_outputs("Q4_1", OUTPUTS, TABLE), make_outputs("Q8_0", OUTPUTS)
+OUTPUTS = 4  # output rows per call of the `outputs` kernels below
+PREFETCH_BYTES = 2048  # how far ahead of the blocks it reads an `outputs` or `dots` kernel asks the memory for more
+# Blocks in flight in an `outputs` kernel, by input rows (as UNROLL; 3 divides SmolLM2's 18 and 48
+# blocks a row; with more rows, each block has more sums to keep the adders busy).
+OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1}
+q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4 = (make_outputs("Q4_1", OUTPUTS, TABLE, R) for R in (1, 2, 3, 4))
+q80_outputs = make_outputs("Q8_0", OUTPUTS)  # not used by quant_rows: streamed the head slower than `dots`; tested
 q41_dots1, q41_dots2, q41_dots3, q41_dots4 = (make_dots("Q4_1", R, TABLE) for R in (1, 2, 3, 4))
 q80_dots1, q80_dots2, q80_dots3, q80_dots4 = (make_dots("Q8_0", R) for R in (1, 2, 3, 4))
 

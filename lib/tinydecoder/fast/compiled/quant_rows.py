@@ -70,11 +70,12 @@ DENSE_UP_TO_WEIGHTS = 1 << 22
 prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_dots.q41_dequant",
           "compiled.quant_dots.q80_dequant",
-          "compiled.quant_dots.q41_outputs", "compiled.quant_dots.q80_outputs",
+          *(f"compiled.quant_dots.q41_outputs{R}" for R in (1, 2, 3, 4)), "_outputs",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by jit.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by jit.compiled
-q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = q41_outputs = q80_outputs = None
+q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
+q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = None
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
 
 
@@ -281,19 +282,21 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
         _block_sums(x, sx)
     for t in prange(threads):
         acc = np.empty((4, 33), np.float32)
-        acc_o = np.empty(OUTPUTS, np.float32)
+        acc_o = np.empty(4 * OUTPUTS, np.float32)
         for p in range(len(raws)):
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
             n0, n1 = t * N // threads, (t + 1) * N // threads
-            if M == 1 and q4_1:  # one input row (a decode step): OUTPUTS output rows a call, summed in registers
+            if q4_1:  # OUTPUTS output rows a call against up to 4 input rows, summed in registers
                 while n0 + OUTPUTS <= n1:
-                    if q4_1:
-                        q41_outputs(raw, n0 * row_bytes, x, 0, K, sx, 0, acc_o)
-                    else:
-                        q80_outputs(raw, n0 * row_bytes, x, 0, K, sx, 0, acc_o)
-                    for o in range(OUTPUTS):
-                        out[0, cols[n0 + o]] = acc_o[o]
+                    m0 = 0
+                    while m0 < M:  # the next input rows against the same blocks, now in cache
+                        R = min(4, M - m0)
+                        _outputs(R, raw, n0 * row_bytes, x, m0 * K, K, sx, m0 * nb, acc_o)
+                        for o in range(OUTPUTS):
+                            for r in range(R):
+                                out[m0 + r, cols[n0 + o]] = acc_o[o * R + r]
+                        m0 += R
                     n0 += OUTPUTS
             for n in range(n0, n1):
                 m0 = 0
@@ -306,6 +309,18 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
                             s += acc[r, j]
                         out[m0 + r, cols[n]] = s
                     m0 += R
+
+
+def _outputs(R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
+    """quant_dots' Q4_1 `outputs` intrinsic for R (1-4) input rows."""
+    if R == 4:
+        q41_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
+    elif R == 3:
+        q41_outputs3(raw, w_start, x, x_start, K, sx, sx_start, acc)
+    elif R == 2:
+        q41_outputs2(raw, w_start, x, x_start, K, sx, sx_start, acc)
+    else:
+        q41_outputs1(raw, w_start, x, x_start, K, sx, sx_start, acc)
 
 
 def _dots(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
