@@ -176,7 +176,9 @@ def test_cli_generate_json(model, capsys, cache_flag):
     assert cli_main(["generate", "--prompt", FRANCE, "--max-new-tokens", "4", "--json", *cache_flag]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"prompt_token_ids", "token_ids", "text", "prefill_seconds",
-                           "decode_tokens_per_second", "cache_bytes", "malloc_keeps_freed_memory", "finish_reason"}
+                           "decode_tokens_per_second", "cache_bytes", "malloc_keeps_freed_memory", "finish_reason",
+                           "weights"}
+    assert result["weights"] == "q4_1"  # generate's default for one stream
     assert result["finish_reason"] == "length"  # 4 tokens asked, no end token among them
     assert result["malloc_keeps_freed_memory"] in (True, False)  # True on Linux with glibc: the CLI opts in
     assert result["prompt_token_ids"] == FRANCE_IDS and result["token_ids"][0] == PARIS_ID

@@ -7,7 +7,8 @@
     prefill_attention   attention of a prefill or a long chunk, in register tiles on every core
     vexp                a vectorisable exp for x <= 0 (softmax, SiLU)
     llvm                the inner loops the kernels inline, written in LLVM's IR
-    quant_rows          rows times the GGUF file's own Q4_1 / Q8_0 blocks, read in place (quant_dots: its loops)
+    quant_rows          rows times the GGUF file's own Q4_1 / Q8_0 blocks, read in place (quant_dots: its loops;
+                        quant_matrix: QuantMatrix, such a tensor as a weight, plain numpy)
 
 Each product module (few_rows, tiles, quant_rows) offers the same pair: `rows_times(x, w, out)`,
 which checks its arguments, and `product(x, w, out)`, which does not; `fast.forward_pass.

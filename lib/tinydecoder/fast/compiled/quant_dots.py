@@ -236,8 +236,8 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
     writes acc[o * R + r] = x.flat[x_start + r K : ... + K] . W_o for the O consecutive rows of
     blocks at raw.flat[w_start + o * K/32 * bytes] (Q4_1's m term included, from the rows' block
     sums sx.flat[sx_start + r K/32:]). The output rows are read one after another, in the file's
-    order (4 rows read side by side left the hardware prefetcher behind: the 30 MB head ran at a
-    third of the speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums
+    order (4 rows read side by side, without the prefetch, left the hardware prefetcher behind: the
+    30 MB head ran at a third of the speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums
     in flight, and each sum is added up in registers: no call, no store and reload per output row,
     which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block."""
     block_bytes = BLOCK_BYTES[kind]
@@ -310,20 +310,22 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
 
 
 OUTPUTS = 4  # output rows per call of the `outputs` kernels below
-PREFETCH_BYTES = 2048  # how far ahead of the blocks it reads an `outputs` or `dots` kernel asks the memory for more
+PREFETCH_BYTES = 8192  # how far ahead of the blocks it reads an `outputs` or `dots` kernel asks the memory for more
 # Blocks in flight in an `outputs` kernel, by input rows (as UNROLL; 3 divides SmolLM2's 18 and 48
 # blocks a row; with more rows, each block has more sums to keep the adders busy).
 OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1}
 q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4 = (make_outputs("Q4_1", OUTPUTS, TABLE, R) for R in (1, 2, 3, 4))
-q80_outputs = make_outputs("Q8_0", OUTPUTS)  # not used by quant_rows: streamed the head slower than `dots`; tested
+q80_outputs = make_outputs("Q8_0", OUTPUTS)  # one input row only (quant_rows: the head in a decode step)
 q41_dots1, q41_dots2, q41_dots3, q41_dots4 = (make_dots("Q4_1", R, TABLE) for R in (1, 2, 3, 4))
 q80_dots1, q80_dots2, q80_dots3, q80_dots4 = (make_dots("Q8_0", R) for R in (1, 2, 3, 4))
 
 
-def make_dequant(kind: str):
+def make_dequant(kind: str, table: bool = False):
     """dequant(raw, w_start, K, out, out_start): out.flat[out_start : out_start + K] = the K weights of
-    the blocks at raw.flat[w_start:] (d * q + m), 32 per block."""
+    the blocks at raw.flat[w_start:] (d * q + m), 32 per block (table: Q4_1's by table, AVX-512)."""
     block_bytes = BLOCK_BYTES[kind]
+    if table and kind != "Q4_1":
+        raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
 
     @intrinsic
     def dequant_(typingctx, raw, w_start, K, out, out_start):
@@ -341,9 +343,13 @@ def make_dequant(kind: str):
             nb = builder.sdiv(K_, c64(32))
             with cgutils.for_range(builder, nb) as loop:
                 b = loop.index
-                w, m = _decoded(builder, kind, builder.gep(raw_p, [builder.mul(b, c64(block_bytes))]))
-                if m is not None:
-                    w = builder.fadd(w, _splat(builder, m, 32, _F32))
+                p = builder.gep(raw_p, [builder.mul(b, c64(block_bytes))])
+                if table:
+                    w = _by_table(builder, p)
+                else:
+                    w, m = _decoded(builder, kind, p)
+                    if m is not None:
+                        w = builder.fadd(w, _splat(builder, m, 32, _F32))
                 dst = builder.gep(out_p, [builder.mul(b, c64(32))])
                 builder.store(w, builder.bitcast(dst, _V32.as_pointer()), align=4)
             return context.get_dummy_value()
@@ -353,4 +359,4 @@ def make_dequant(kind: str):
     return dequant_
 
 
-q41_dequant, q80_dequant = make_dequant("Q4_1"), make_dequant("Q8_0")
+q41_dequant, q80_dequant = make_dequant("Q4_1", TABLE), make_dequant("Q8_0")

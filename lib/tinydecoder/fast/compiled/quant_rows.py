@@ -13,196 +13,59 @@ with W's rows stored as GGUF blocks of 32 weights (llama.cpp's layouts):
           low nibble, weight j + 16 in its high one); weight = d * q + m
     Q8_0: 34 bytes = float16 d, 32 int8 codes q; weight = d * q
 
-Per block, sum_j x_j (d q_j + m) = sum_j x_j (d q_j) + m * sum_j x_j, and sum_j x_j (the block's
-sum of the input row) depends on the row only: the kernels compute it once per row and call, not
-once per output. d * q_j is exact in float32 (an 11-bit times a 4- or 8-bit integer), so the
-products equal x @ dequantised(W).T up to the order of float32 sums (the tests bound it). The
-float16 scales are decoded in the kernel from their two bytes (x86's F16C conversion), so nothing
-but the file's bytes is read: no scale arrays.
+The kernels read nothing but the file's bytes (the float16 scales are decoded in registers, x86's
+F16C): per block, either each code's weight fl(d q + m) is picked from a table of the 16 possible
+(Q4_1 where the CPU has AVX-512; exactly the float32 model's weights), or sum_j x_j (d q_j + m) =
+sum_j x_j (d q_j) + m * sum_j x_j with the row's block sums computed once (d q_j is exact in
+float32). Either way the products equal x @ dequantised(W).T up to the order of float32 sums.
 
-`QuantMatrix` wraps such a tensor as tinydecoder's [in, out] weight: `x @ w` in the reference
-(it dequantises, see `QuantMatrix.__array__`), `fast.project` hands it to `product`. Several
-tensors that a model fuses (Q, K and V; gate and up) stay separate views of the file, `parts`,
-each writing its outputs to its own columns (`cols`), which also undoes llama.cpp's Q/K row order
-without moving a byte. Its transpose `.T` is the embedding table view: `table[ids]` dequantises
-just those rows.
+`QuantMatrix` is such a tensor as an [in, out] weight (`x @ w` dequantises; `fast.project` calls
+`product`); fused tensors (Q, K, V; gate, up) stay views of the file, `parts`, each writing its own
+columns `cols` (which undoes llama.cpp's Q/K row order); `.T[ids]` dequantises embedding rows.
 
-Kernels (compiled by jit.compiled, every core): up to ROWS_UP_TO rows (a decode step, a
-speculative check, a small batch), `_rows`: each thread walks its share of the output rows. One
-input row against Q4_1 blocks (a decode step's layers) runs quant_dots' `outputs` kernel: OUTPUTS
-output rows a call, read in the file's order with the memory asked for ahead, several blocks' sums
-in flight, each output summed in registers (the weights picked from a table of 16 where the CPU has
-AVX-512). Q8_0 blocks (the head) and two to eight rows run quant_dots' `dots` (Q8_0's `outputs`
-streamed the 30 MB head from memory at half the speed, measured): per block the 32 weights are decoded once into registers and
-multiplied with each input row (up to 4 a call) into 32 lane-wise sums per row. More rows (a
-prefill), `_tiles`: each task dequantises 6 output rows into a small float32 buffer (in cache) and
-runs tiles.py's register tile over every block of 16 packed rows, as tiles.py does for float32;
-from DENSE_FROM_ROWS rows a matrix is dequantised whole into float32 first (`_dequantize_all`) and
-tiles.py's own product runs on it (a little faster, see DENSE_FROM_ROWS).
+Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. Up to
+ROWS_UP_TO rows (a decode step, a speculative check, a small batch), `_rows`: quant_dots'
+`outputs` kernels take OUTPUTS output rows a call (Q8_0: one input row; Q4_1: up to 4), read in
+the file's order with the memory asked for PREFETCH_BYTES ahead, each block decoded once for the
+input rows, several blocks' sums in flight, each output summed in registers; the few rows left
+run `dots`, one output row a call. More rows (a prefill), `_tiles`: each task dequantises 6 output
+rows into a small float32 buffer and runs tiles.py's register tile over them; from DENSE_FROM_ROWS
+rows a matrix is dequantised whole (`_dequantize_all`) for tiles.py's own product.
 
-Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM): one thread, one input row,
-Q4_1 at K = 576 (18 blocks a row), 4.2 cycles a block when each output row was its own call
-and summed its 32 lanes after it, 2.4-2.6 with `outputs` (in cache and from memory alike); the
-30 MB Q8_0 head 1.5 ms. Whole decode steps (`bench`, q4_1 and f32 alternating in one run): 212-222
-against f32's 69-76 tokens/s at context 128 (2.9-3.1x; before `outputs` and the prefetch, 177
-against 76). A pass over several rows stays arithmetic-bound: 8 rows cost 4.1 decode steps
-(float32: 1.2). Prefill 1-4% slower than f32's (its products give f32's tiles' numbers bit for
-bit, plus the dequantising).
+Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, one input row, Q4_1
+at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
+`outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch. Several
+rows stay arithmetic-bound (8 rows ~3.6 decode steps); prefill 1-4% slower than float32's.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
 from . import jit
+from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # noqa: F401 - this module's interface too
 
-BLOCK = 32  # weights per block (both types)
-BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 ROWS_UP_TO = 8  # up to this many rows: `_rows`; more: `_tiles`
 TILE_OUTPUTS = 6  # output rows a `_tiles` task dequantises (tiles.OUTPUTS)
 # From this many rows (a prefill), a matrix of at most DENSE_UP_TO_WEIGHTS weights is dequantised
-# whole, once, into float32 and multiplied by tiles.py's float32 product (`_dense`); a larger one
-# (the 28M-weight head over every row) runs `_tiles` without the copy. SmolLM2, 2 threads, q4_1 then
-# f32 alternating (medians of 15 and 7): prefill of 100 tokens 0.109 s in `_tiles`, 0.1055 dense,
-# f32 0.1023; 300 tokens 0.308, 0.3025, f32 0.294.
+# whole into float32 and multiplied by tiles.py's product; a larger one (the 28M-weight head over
+# every row) runs `_tiles` without the copy. SmolLM2, 2 threads (medians of 15): 100 tokens 0.109 s
+# in `_tiles`, 0.1055 dense, f32 0.1023.
 DENSE_FROM_ROWS = 16
 DENSE_UP_TO_WEIGHTS = 1 << 22
+_scratch = threading.local()  # _dense_scratch's buffer, one per thread
 
 prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_dots.q41_dequant",
           "compiled.quant_dots.q80_dequant",
-          *(f"compiled.quant_dots.q41_outputs{R}" for R in (1, 2, 3, 4)), "_outputs",
+          *(f"compiled.quant_dots.q41_outputs{R}" for R in (1, 2, 3, 4)), "compiled.quant_dots.q80_outputs", "_outputs",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by jit.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by jit.compiled
 q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
-q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = None
+q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = q80_outputs = None
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
-
-
-class QuantMatrix:
-    """A weight [in K, out N] (`x @ w`) whose outputs are GGUF rows of blocks, read in place.
-
-    parts: [(raw, cols)]: raw [n_i, K / 32 * block bytes] uint8 (a view of the file: one row per
-    output, its blocks in order), cols [n_i] int: the output column each of its rows gives.
-    kind: "Q4_1" or "Q8_0". transposed: the [N, K] table view (`.T`; `table[ids]` -> rows)."""
-
-    dtype = np.dtype(np.float32)  # what it computes in and gives (the compute type, not the storage)
-    ndim = 2
-
-    def __init__(self, parts, kind: str, K: int, transposed: bool = False):
-        if kind not in BLOCK_BYTES:
-            raise ValueError(f"kind must be one of {sorted(BLOCK_BYTES)}, got {kind!r}")
-        if K <= 0 or K % BLOCK:
-            raise ValueError(f"K (inputs per output) must be a positive multiple of {BLOCK}, got {K}")
-        row_bytes = K // BLOCK * BLOCK_BYTES[kind]
-        checked = []
-        for raw, cols in parts:
-            raw, cols = np.asarray(raw), np.ascontiguousarray(cols, np.int64)
-            if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != row_bytes or not raw.flags.c_contiguous:
-                raise ValueError(f"a {kind} part with K={K} is a C-contiguous uint8 [rows, {row_bytes}] array, "
-                                 f"got {raw.dtype}{list(raw.shape)}")
-            if cols.shape != (raw.shape[0],):
-                raise ValueError(f"cols must give one column per row: {raw.shape[0]}, got {list(cols.shape)}")
-            checked.append((raw, cols))
-        self.parts, self.kind, self.K, self.transposed = tuple(checked), kind, K, transposed
-        self.raws, self.cols = tuple(r for r, _ in checked), tuple(c for _, c in checked)  # as the kernels take them
-        self.N = sum(len(c) for _, c in checked)
-        every = np.sort(np.concatenate([c for _, c in checked])) if checked else np.zeros(0, np.int64)
-        if not np.array_equal(every, np.arange(self.N)):
-            raise ValueError(f"the parts' cols must name each output column 0..{self.N - 1} once")
-
-    @classmethod
-    def from_blocks(cls, raw, kind: str, K: int) -> QuantMatrix:
-        """One tensor: raw [N, K/32 * block bytes] (or its flat bytes), output n = row n."""
-        raw = np.asarray(raw)
-        row_bytes = K // BLOCK * BLOCK_BYTES.get(kind, 0) if K % BLOCK == 0 else 0
-        if raw.ndim == 1 and row_bytes and raw.size % row_bytes == 0:
-            raw = raw.reshape(-1, row_bytes)
-        return cls([(raw, np.arange(raw.shape[0] if raw.ndim == 2 else 0))], kind, K)
-
-    @property
-    def shape(self) -> tuple:
-        return (self.N, self.K) if self.transposed else (self.K, self.N)
-
-    @property
-    def size(self) -> int:
-        return self.N * self.K
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of blocks a product reads (the file's, not float32's)."""
-        return sum(raw.nbytes for raw, _ in self.parts)
-
-    @property
-    def T(self) -> QuantMatrix:
-        return QuantMatrix(self.parts, self.kind, self.K, not self.transposed)
-
-    def __repr__(self) -> str:
-        return f"QuantMatrix({self.kind}, shape={self.shape}, parts={len(self.parts)}, {self.nbytes:,} bytes)"
-
-    def rows(self, outputs) -> np.ndarray:
-        """Outputs' weight rows dequantised: [len(outputs), K] float32 (W[n, :] for each n)."""
-        outputs = np.asarray(outputs)
-        if outputs.dtype.kind not in "iu":
-            raise ValueError(f"rows are chosen by integer ids, got {outputs.dtype}")
-        flat = outputs.reshape(-1)
-        if flat.size and (flat.min() < -self.N or flat.max() >= self.N):
-            raise IndexError(f"ids must lie in [0, {self.N}), got {int(flat.min())}..{int(flat.max())}")
-        flat = flat % self.N
-        out = np.empty((flat.size, self.K), np.float32)
-        for raw, cols in self.parts:
-            where = np.full(self.N, -1, np.int64)
-            where[cols] = np.arange(len(cols))
-            mine = where[flat]
-            hit = mine >= 0
-            if hit.any():
-                out[hit] = dequantize_rows(raw[mine[hit]], self.kind)
-        return out.reshape(*outputs.shape, self.K)
-
-    def dequantize(self) -> np.ndarray:
-        """The whole matrix as float32, shaped as this view is ([K, N], or [N, K] transposed)."""
-        w = self.rows(np.arange(self.N))  # [N, K]
-        return w if self.transposed else w.T
-
-    def __array__(self, dtype=None, copy=None):
-        """numpy's view of it (np.asarray, `x @ w`): the dequantised float32 matrix. The reference
-        forward pass computes with it so, slowly but in plain numpy."""
-        w = self.dequantize()
-        return w if dtype is None else w.astype(dtype)
-
-    def __getitem__(self, key):
-        """Table view [N, K]: `table[ids]` -> dequantised rows. Matrix view [K, N]: `w[:, a:b]` ->
-        the outputs a..b-1 (whole parts only: Q, K and V of a fused matrix)."""
-        if self.transposed:
-            return self.rows(key)
-        if (isinstance(key, tuple) and len(key) == 2 and key[0] == slice(None)
-                and isinstance(key[1], slice) and key[1].step in (None, 1)):
-            a, b, _ = key[1].indices(self.N)
-            parts = []
-            for raw, cols in self.parts:
-                inside = (cols >= a) & (cols < b)
-                if inside.all():
-                    parts.append((raw, cols - a))
-                elif inside.any():
-                    raise ValueError(f"columns {a}:{b} cut a part of this QuantMatrix; take whole parts")
-            return QuantMatrix(parts, self.kind, self.K)
-        raise TypeError(f"a QuantMatrix [in, out] takes w[:, a:b] (whole parts), got {key!r}; "
-                        f"np.asarray(w) dequantises it")
-
-
-def dequantize_rows(raw: np.ndarray, kind: str) -> np.ndarray:
-    """Rows of blocks [n, K/32 * bytes] uint8 -> [n, K] float32 (numpy; a few rows at a time)."""
-    raw = np.asarray(raw, np.uint8)
-    n = raw.shape[0]
-    blocks = raw.reshape(n, -1, BLOCK_BYTES[kind])  # [n, K/32, bytes]
-    d = blocks[..., 0:2].copy().view("<f2").astype(np.float32)  # [n, K/32, 1]
-    if kind == "Q4_1":
-        m = blocks[..., 2:4].copy().view("<f2").astype(np.float32)
-        codes = blocks[..., 4:20]
-        q = np.concatenate([codes & 0x0F, codes >> 4], axis=-1).astype(np.float32)  # [n, K/32, 32]
-        return (d * q + m).reshape(n, -1)
-    q = blocks[..., 2:34].view(np.int8).astype(np.float32)
-    return (d * q).reshape(n, -1)
 
 
 # ----------------------------------------------------------------------------- products
@@ -245,7 +108,7 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     from . import tiles
 
     if M >= DENSE_FROM_ROWS and w.N * w.K <= DENSE_UP_TO_WEIGHTS:  # float32 [N, K] once, tiles.py's product
-        dense = np.empty((w.N, w.K), np.float32)
+        dense = _dense_scratch(w.N * w.K).reshape(w.N, w.K)
         jit.compiled(_dequantize_all)(w.raws, w.cols, w.kind == "Q4_1", dense, threads)
         return tiles.product(x, dense.T, out, work)
     K = w.K
@@ -258,6 +121,14 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     jit.compiled(tiles._pack)(x, full, last, threads)
     jit.compiled(_tiles)(full, last, M, w.raws, w.cols, w.kind == "Q4_1", out, threads)  # every part in one call
     return out
+
+
+def _dense_scratch(n: int) -> np.ndarray:
+    """n float32s that this thread reuses for every dequantised matrix: written and read back
+    while in cache (a fresh array each time: 17 ms of a prefill's memory traffic, against 5.5)."""
+    if getattr(_scratch, "numbers", np.zeros(0, np.float32)).size < n:
+        _scratch.numbers = np.empty(n, np.float32)
+    return _scratch.numbers[:n]
 
 
 def _block_sums(x, sx):  # pragma: no cover - runs compiled by numba
@@ -287,12 +158,12 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
             n0, n1 = t * N // threads, (t + 1) * N // threads
-            if q4_1:  # OUTPUTS output rows a call against up to 4 input rows, summed in registers
+            if q4_1 or M == 1:  # OUTPUTS output rows a call against up to 4 input rows, summed in registers
                 while n0 + OUTPUTS <= n1:
                     m0 = 0
                     while m0 < M:  # the next input rows against the same blocks, now in cache
                         R = min(4, M - m0)
-                        _outputs(R, raw, n0 * row_bytes, x, m0 * K, K, sx, m0 * nb, acc_o)
+                        _outputs(q4_1, R, raw, n0 * row_bytes, x, m0 * K, K, sx, m0 * nb, acc_o)
                         for o in range(OUTPUTS):
                             for r in range(R):
                                 out[m0 + r, cols[n0 + o]] = acc_o[o * R + r]
@@ -311,9 +182,11 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
                     m0 += R
 
 
-def _outputs(R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
-    """quant_dots' Q4_1 `outputs` intrinsic for R (1-4) input rows."""
-    if R == 4:
+def _outputs(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
+    """quant_dots' `outputs` intrinsic for the block type and R input rows (1-4 for Q4_1; 1 for Q8_0)."""
+    if not q4_1:
+        q80_outputs(raw, w_start, x, x_start, K, sx, sx_start, acc)
+    elif R == 4:
         q41_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
     elif R == 3:
         q41_outputs3(raw, w_start, x, x_start, K, sx, sx_start, acc)
