@@ -115,6 +115,32 @@ def test_damaged_tokenizer_is_rebuilt(cached, tiny_file, tmp_path, capsys):
     assert tok.encode("<|im_end|>") == [2] and tok.encode(" the") == [261]
 
 
+def test_the_tokenizer_alone_needs_no_weight_cache(tiny_file, tmp_path, capsys, monkeypatch):
+    """Before any float32 load, the tokenizer is parsed once and saved alone (<sha256>.tokenizer),
+    no weights are dequantised, a later call reads the saved copy, a damaged copy is parsed again;
+    once the weight cache exists the tokenizer comes from it."""
+    root, sha = tmp_path / "cache", gf.file_sha256(tiny_file)
+    tok = gl.load_gguf_tokenizer(tiny_file, cache_root=root, progress=False)
+    assert sorted(p.name for p in root.iterdir()) == [f"{sha}.tokenizer"]  # no weights: no <sha256> folder
+    assert tok.encode("<|im_end|>") == [2] and tok.encode(" the") == [261]
+    parsed = []
+    real = store.tokenizer_from_gguf
+    monkeypatch.setattr(store, "tokenizer_from_gguf", lambda reader: parsed.append(1) or real(reader))
+    assert gl.load_gguf_tokenizer(tiny_file, cache_root=root, progress=False).encode(" the") == [261]
+    assert parsed == []  # read from the saved copy
+    (root / f"{sha}.tokenizer" / "tokenizer.json").write_text("{not json")
+    assert gl.load_gguf_tokenizer(tiny_file, cache_root=root, progress=False).encode(" the") == [261]
+    assert parsed == [1]  # damaged: parsed from the file again, and saved whole
+    assert gl.load_gguf_tokenizer(tiny_file, cache_root=root, progress=False).encode(" the") == [261]
+    assert parsed == [1]
+    load(tiny_file, tmp_path)  # a float32 load builds the weight cache, with its own tokenizer
+    assert (root / sha / "tokenizer.json").is_file()
+    parsed.clear()  # the build parsed it for the weight cache
+    (root / f"{sha}.tokenizer" / "tokenizer.json").write_text("{not json")  # no longer read
+    assert gl.load_gguf_tokenizer(tiny_file, cache_root=root, progress=False).encode(" the") == [261]
+    assert parsed == [] and capsys.readouterr().err == ""
+
+
 # ---------------------------------------------------------------- same-size damage: verify
 def test_new_caches_record_every_file_hash(cached):
     files = json.loads((cached / "manifest.json").read_text())["files"]

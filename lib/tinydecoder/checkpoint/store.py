@@ -6,7 +6,9 @@ for `forward` (see `weights.py`), as a `.npy` file into a folder named by the GG
 the tokenizer (tokenizer.json, tokenizer_config.json) and a manifest.json. The folder is
 written under a temporary name and renamed when complete, so a crash never leaves half a
 cache, and under a lock (`build_lock`), so two processes loading at once build it once. Later
-loads memory-map the `.npy` files (read-only; nothing is unpickled).
+loads memory-map the `.npy` files (read-only; nothing is unpickled). Until a float32 load builds
+it, the tokenizer alone is saved beside it (<sha256>.tokenizer, `tokenizer_from_cache`), so a run on
+the file's own blocks (weights="q4_1", generate's default) dequantises nothing.
 
 Damage. A load checks what it can without reading the weights: the manifest parses, every
 `.npy` file is there with the shape and dtype the config implies, and holds that many bytes
@@ -255,8 +257,18 @@ def weights_from_cache(path, **kw) -> tuple:
 
 
 def tokenizer_from_cache(path, **kw) -> Tokenizer:
-    """The tokenizer of a GGUF file through its cache (built, or rebuilt when damaged, as
-    `weights_from_cache`)."""
+    """The tokenizer of a GGUF file through its cache: the weight cache's when that is built (or
+    rebuilt when damaged, as `weights_from_cache`), else a folder of the tokenizer alone beside
+    it, <root>/<sha256>.tokenizer (written on first use): a model read from the file's own blocks
+    (weights="q4_1") needs no float32 weights, so its first run does not dequantise them."""
+    sha256 = verify_sha256(path, kw.get("expected_sha256"))
+    cache_dir = cache_dir_for(sha256, kw.get("cache_root"))
+    if not cache_dir.exists():
+        alone = cache_dir.with_name(cache_dir.name + ".tokenizer")
+        with contextlib.suppress(CacheDamagedError):
+            if alone.exists():
+                return load_cached_tokenizer(alone)
+        return _save_tokenizer_alone(path, alone)
     cache_dir, manifest = ensure_cache(path, **kw)
     if not manifest.get("tokenizer"):
         raise UnsupportedModelError(f"{Path(path).name} carries no tokenizer (no tokenizer.ggml.tokens)")
@@ -266,6 +278,25 @@ def tokenizer_from_cache(path, **kw) -> Tokenizer:
         build_cache(path, cache_dir, progress=kw.get("progress", True), sha256=cache_dir.name,
                     reason=str(exc))
     return load_cached_tokenizer(cache_dir)
+
+
+def _save_tokenizer_alone(path, folder: Path) -> Tokenizer:
+    """Parse the GGUF's tokenizer (~3 s) and save it in `folder` (written under a temporary name,
+    then renamed: whole or absent); returns it."""
+    reader = open_gguf(path)
+    if "tokenizer.ggml.tokens" not in reader.fields:
+        raise UnsupportedModelError(f"{Path(path).name} carries no tokenizer (no tokenizer.ggml.tokens)")
+    tokenizer = tokenizer_from_gguf(reader)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        tokenizer.save(tmp)
+        discard(folder)  # a damaged one
+        with contextlib.suppress(OSError):  # another process finishing first keeps its copy
+            os.rename(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer
 
 
 # ---------------------------------------------------------------------------- verifying
