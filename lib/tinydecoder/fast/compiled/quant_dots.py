@@ -1,17 +1,18 @@
-"""quant_rows' inner loop written in LLVM's IR (a numba intrinsic; this module imports numba):
-one output's row of GGUF blocks against R input rows, the blocks decoded in registers.
+"""quant_rows' inner loops written in LLVM's IR (numba intrinsics; this module imports numba): rows
+of GGUF blocks against input rows, the blocks decoded in registers. Two shapes:
 
-numba's own loop over a block's 16 code bytes widened the codes to 64-bit integers and kept a
-scalar copy of the loop beside the vector one (it could not rule out that the sums alias the
-inputs); written here, a block is one 16- or 32-byte load, a mask and a shift (Q4_1), one
-conversion to 32 floats, one multiply by d and, per input row, one fused multiply-add into 32
-lane-wise sums (`<32 x float>`, which LLVM splits into the machine's vectors).
+    make_outputs(kind, O, table, R)(raw, w_start, x, x_start, K, sx, sx_start, acc)   # O outputs x R rows
+    make_dots(kind, R, table)(raw, w_start, x, x_start, K, sx, sx_start, acc)         # 1 output x R rows
 
-    make_dots("Q4_1", R)(raw, w_start, x, x_start, K, sx, sx_start, acc)
-
-For b < K / 32, the block at raw.flat[w_start + b * bytes]: acc[r, 0:32] += (d q) * x.flat[x_start
-+ r K + 32 b : ... + 32] (lane-wise), and for Q4_1 acc[r, 32] += m * sx.flat[sx_start + r K/32 + b]
-(sx: the rows' block sums). acc: C-contiguous float32 [R, 33], written (not added to).
+`outputs` (a decode step's products, and Q4_1's few-row passes): acc[o * R + r] = the dot of input
+row r with output row o, for O consecutive output rows, each summed in registers (its docstring
+says why). `dots` (the rows `outputs` leaves): for b < K / 32, the block at raw.flat[w_start + b *
+bytes]: acc[r, 0:32] += (d q) * x.flat[x_start + r K + 32 b : ... + 32] (lane-wise), and for Q4_1
+acc[r, 32] += m * sx.flat[sx_start + r K/32 + b] (sx: the rows' block sums); acc: C-contiguous
+float32 [R, 33], written (not added to). numba's own loop over a block's code bytes widened them to
+64-bit integers and kept a scalar copy of the loop; written here, a block is one 16- or 32-byte
+load, a mask and a shift (Q4_1), one conversion to 32 floats, one multiply by d and, per input row,
+one fused multiply-add into 32 lane-wise sums (`<32 x float>`, split into the machine's vectors).
 
 Q4_1 by table (`make_dots("Q4_1", R, table=True)`, where the machine has AVX-512: `TABLE`): a
 block's 16 possible weights d * q + m (q = 0..15) are one vector, built by one fused multiply-add
