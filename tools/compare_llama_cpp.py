@@ -77,17 +77,22 @@ class LlamaCpp:
         return time.perf_counter() - start
 
     def decode(self, prompt, steps: int) -> tuple:
-        import numpy as np
-
         self.llm.reset()
         self.llm.eval(list(prompt))
-        token = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+        token = self._greedy()
         tokens, start = [token], time.perf_counter()
         for _ in range(steps):
             self.llm.eval([token])
-            token = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            token = self._greedy()
             tokens.append(token)
         return time.perf_counter() - start, tokens
+
+    def _greedy(self) -> int:
+        """The argmax of the last evaluated token's logits (llama.cpp's own buffer: `Llama.scores`
+        is filled only with logits_all, which would compute every prompt row's logits)."""
+        import numpy as np
+
+        return int(np.argmax(np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))))
 
 
 def compare(implementations: list, ids_of, prompt, lengths=(100, 500), steps: int = 64, rounds: int = 3) -> dict:
@@ -138,8 +143,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         import llama_cpp  # noqa: F401
-    except ImportError:
-        print(INSTALL, file=sys.stderr)
+    except ImportError as exc:
+        print(INSTALL if getattr(exc, "name", None) == "llama_cpp" else f"llama_cpp does not import: {exc}",
+              file=sys.stderr)
         return 2
     from tinydecoder.checkpoint.smollm2 import smollm2_path, smollm2_tokenizer
     from tinydecoder.perf.bench_rows import bench_tokens
