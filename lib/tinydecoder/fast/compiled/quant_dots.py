@@ -23,6 +23,8 @@ each weight as float32's dequantisation rounds it, fl(d q + m), exactly the f32 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 from llvmlite import binding as llvm_binding
 from llvmlite import ir
@@ -160,6 +162,41 @@ def _loop(builder, start, stop, step: int, init: list, body) -> list:
     return final
 
 
+class _Args(NamedTuple):
+    """What a block kernel's body gets (LLVM values): its arguments as pointers at their offsets."""
+    raw: ir.Value  # i8*: the first block, raw.flat[w_start]
+    x: ir.Value  # float*: x.flat[x_start]
+    sx: ir.Value  # float*: sx.flat[sx_start]
+    acc: ir.Value  # float*: acc's data
+    K: ir.Value  # i64: inputs per row
+    nb: ir.Value  # i64: blocks per row, K / 32
+
+
+def _blocks_intrinsic(emit):
+    """The numba intrinsic f(raw, w_start, x, x_start, K, sx, sx_start, acc) (raw C-contiguous uint8;
+    x, sx, acc C-contiguous float32) whose body `emit(builder, _Args)` writes."""
+
+    @intrinsic
+    def kernel(typingctx, raw, w_start, x, x_start, K, sx, sx_start, acc):
+        ok = (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
+              and all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, sx, acc)))
+        if not ok:
+            return None
+
+        def codegen(context, builder, signature, args):
+            ra, xa, sa, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5, 7))
+            w0, x0, K_, s0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4, 6))
+            emit(builder, _Args(builder.gep(builder.bitcast(ra.data, _I8.as_pointer()), [w0]),
+                                builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [x0]),
+                                builder.gep(builder.bitcast(sa.data, _F32.as_pointer()), [s0]),
+                                builder.bitcast(aa.data, _F32.as_pointer()), K_, builder.sdiv(K_, ir.Constant(_I64, 32))))
+            return context.get_dummy_value()
+
+        return types.void(raw, w_start, x, x_start, K, sx, sx_start, acc), codegen
+
+    return kernel
+
+
 def make_dots(kind: str, R: int, table: bool = False):
     """The intrinsic for `kind` blocks ("Q4_1" or "Q8_0") against R input rows (module docstring);
     table: Q4_1 by table (needs AVX-512)."""
@@ -167,56 +204,39 @@ def make_dots(kind: str, R: int, table: bool = False):
     if table and kind != "Q4_1":
         raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
 
-    @intrinsic
-    def dots_(typingctx, raw, w_start, x, x_start, K, sx, sx_start, acc):
-        ok = (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
-              and all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, sx, acc)))
-        if not ok:
-            return None
-        sig = types.void(raw, w_start, x, x_start, K, sx, sx_start, acc)
+    def emit(builder, a: _Args) -> None:
+        raw_p, x_p, s_p, acc_p, K_, nb = a
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
+        U = UNROLL[R]
 
-        def codegen(context, builder, signature, args):
-            ra, xa, sa, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5, 7))
-            w0, x0, K_, s0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4, 6))
-            c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            raw_p = builder.gep(builder.bitcast(ra.data, _I8.as_pointer()), [w0])
-            x_p = builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [x0])
-            s_p = builder.gep(builder.bitcast(sa.data, _F32.as_pointer()), [s0])
-            acc_p = builder.bitcast(aa.data, _F32.as_pointer())
-            nb = builder.sdiv(K_, c64(32))
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
-            U = UNROLL[R]
+        def blocks(b, state, n):  # n blocks from b on, each with its own sums: state [n][2R]
+            out = []
+            for line in range(0, n * block_bytes, 64):  # the bytes PREFETCH_BYTES ahead, asked for
+                _prefetch_line(builder, builder.gep(raw_p, [builder.add(builder.mul(b, c64(block_bytes)),
+                                                                        c64(PREFETCH_BYTES + line))]))
+            for u in range(n):
+                bu = builder.add(b, c64(u))
+                new, new_m = _block(builder, kind, builder.gep(raw_p, [builder.mul(bu, c64(block_bytes))]), bu, nb,
+                                    K_, x_p, s_p, state[u * 2 * R:u * 2 * R + R], state[u * 2 * R + R:(u + 1) * 2 * R],
+                                    fma, table)
+                out += new + new_m
+            return out
 
-            def blocks(b, state, n):  # n blocks from b on, each with its own sums: state [n][2R]
-                out = []
-                for line in range(0, n * block_bytes, 64):  # the bytes PREFETCH_BYTES ahead, asked for
-                    _prefetch_line(builder, builder.gep(raw_p, [builder.add(builder.mul(b, c64(block_bytes)),
-                                                                            c64(PREFETCH_BYTES + line))]))
-                for u in range(n):
-                    bu = builder.add(b, c64(u))
-                    new, new_m = _block(builder, kind, builder.gep(raw_p, [builder.mul(bu, c64(block_bytes))]), bu, nb,
-                                        K_, x_p, s_p, state[u * 2 * R:u * 2 * R + R], state[u * 2 * R + R:(u + 1) * 2 * R],
-                                        fma, table)
-                    out += new + new_m
-                return out
+        zero = [ir.Constant(_V32, None)] * R + [ir.Constant(_F32, 0.0)] * R
+        main_end = builder.sub(nb, builder.srem(nb, c64(U)))
+        state = _loop(builder, c64(0), main_end, U, zero * U, lambda b, st: blocks(b, st, U))
+        sums = state[:2 * R]  # the U sets of sums added: one set for the last blocks
+        for u in range(1, U):
+            sums = [builder.fadd(s1, s2) for s1, s2 in zip(sums, state[u * 2 * R:(u + 1) * 2 * R])]
+        final_all = _loop(builder, main_end, nb, 1, sums, lambda b, st: blocks(b, st, 1))
+        final, final_m = final_all[:R], final_all[R:]
+        for r in range(R):
+            row = builder.gep(acc_p, [c64(33 * r)])
+            builder.store(final[r], builder.bitcast(row, _V32.as_pointer()), align=4)
+            builder.store(final_m[r], builder.gep(row, [c64(32)]), align=4)
 
-            zero = [ir.Constant(_V32, None)] * R + [ir.Constant(_F32, 0.0)] * R
-            main_end = builder.sub(nb, builder.srem(nb, c64(U)))
-            state = _loop(builder, c64(0), main_end, U, zero * U, lambda b, st: blocks(b, st, U))
-            sums = state[:2 * R]  # the U sets of sums added: one set for the last blocks
-            for u in range(1, U):
-                sums = [builder.fadd(a, b_) for a, b_ in zip(sums, state[u * 2 * R:(u + 1) * 2 * R])]
-            final_all = _loop(builder, main_end, nb, 1, sums, lambda b, st: blocks(b, st, 1))
-            final, final_m = final_all[:R], final_all[R:]
-            for r in range(R):
-                row = builder.gep(acc_p, [c64(33 * r)])
-                builder.store(final[r], builder.bitcast(row, _V32.as_pointer()), align=4)
-                builder.store(final_m[r], builder.gep(row, [c64(32)]), align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return dots_
+    return _blocks_intrinsic(emit)
 
 
 def _reduce32(builder, v):
@@ -245,69 +265,52 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
     if table and kind != "Q4_1":
         raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
 
-    @intrinsic
-    def outputs_(typingctx, raw, w_start, x, x_start, K, sx, sx_start, acc):
-        ok = (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
-              and all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, sx, acc)))
-        if not ok:
-            return None
-        sig = types.void(raw, w_start, x, x_start, K, sx, sx_start, acc)
+    def emit(builder, a: _Args) -> None:
+        raw_p, x_p, s_p, acc_p, K_, nb = a
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        row_bytes = builder.mul(nb, c64(block_bytes))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
+        fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+        U = OUTPUT_UNROLL[R]
 
-        def codegen(context, builder, signature, args):
-            ra, xa, sa, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5, 7))
-            w0, x0, K_, s0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4, 6))
-            c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
-            raw_p = builder.gep(builder.bitcast(ra.data, _I8.as_pointer()), [w0])
-            x_p = builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [x0])
-            s_p = builder.gep(builder.bitcast(sa.data, _F32.as_pointer()), [s0])
-            acc_p = builder.bitcast(aa.data, _F32.as_pointer())
-            nb = builder.sdiv(K_, c64(32))
-            row_bytes = builder.mul(nb, c64(block_bytes))
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
-            fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
-            U = OUTPUT_UNROLL[R]
+        def block(o, b, st):  # output o's block b against the R rows: st = R lane-wise sums, R m-term sums
+            p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
+            w, m = (_by_table(builder, p), None) if table else _decoded(builder, kind, p)
+            sums, msums = [], []
+            for r in range(R):
+                at = builder.add(builder.mul(c64(r), K_), builder.mul(b, c64(32)))
+                xv = builder.load(builder.bitcast(builder.gep(x_p, [at]), _V32.as_pointer()), align=4)
+                sums.append(builder.call(fma, [w, xv, st[r]]))
+                if m is not None:
+                    s = builder.load(builder.gep(s_p, [builder.add(builder.mul(c64(r), nb), b)]), align=4)
+                    msums.append(builder.call(fma1, [m, s, st[R + r]]))
+                else:
+                    msums.append(st[R + r])
+            return sums + msums
 
-            def block(o, b, st):  # output o's block b against the R rows: st = R lane-wise sums, R m-term sums
-                p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
-                w, m = (_by_table(builder, p), None) if table else _decoded(builder, kind, p)
-                sums, msums = [], []
-                for r in range(R):
-                    at = builder.add(builder.mul(c64(r), K_), builder.mul(b, c64(32)))
-                    xv = builder.load(builder.bitcast(builder.gep(x_p, [at]), _V32.as_pointer()), align=4)
-                    sums.append(builder.call(fma, [w, xv, st[r]]))
-                    if m is not None:
-                        s = builder.load(builder.gep(s_p, [builder.add(builder.mul(c64(r), nb), b)]), align=4)
-                        msums.append(builder.call(fma1, [m, s, st[R + r]]))
-                    else:
-                        msums.append(st[R + r])
-                return sums + msums
+        def ahead(o, b):  # ask for the bytes PREFETCH_BYTES past this step's blocks (a line per 64)
+            p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
+            for line in range(0, U * block_bytes, 64):
+                _prefetch_line(builder, builder.gep(p, [c64(PREFETCH_BYTES + line)]))
+            return []
 
-            def ahead(o, b):  # ask for the bytes PREFETCH_BYTES past this step's blocks (a line per 64)
-                p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
-                for line in range(0, U * block_bytes, 64):
-                    _prefetch_line(builder, builder.gep(p, [c64(PREFETCH_BYTES + line)]))
-                return []
+        zero = [ir.Constant(_V32, None)] * R + [ir.Constant(_F32, 0.0)] * R
+        main_end = builder.sub(nb, builder.srem(nb, c64(U)))
+        for o in range(O):  # one output after another: the blocks are read in the file's order
+            def step(b, st, o=o):  # U blocks, each with its own sums
+                return ahead(o, b) + sum((block(o, builder.add(b, c64(u)), st[2 * R * u:2 * R * (u + 1)])
+                                          for u in range(U)), [])
 
-            zero = [ir.Constant(_V32, None)] * R + [ir.Constant(_F32, 0.0)] * R
-            main_end = builder.sub(nb, builder.srem(nb, c64(U)))
-            for o in range(O):  # one output after another: the blocks are read in the file's order
-                def step(b, st, o=o):  # U blocks, each with its own sums
-                    return ahead(o, b) + sum((block(o, builder.add(b, c64(u)), st[2 * R * u:2 * R * (u + 1)])
-                                              for u in range(U)), [])
+            state = _loop(builder, c64(0), main_end, U, zero * U, step)
+            sums = state[:2 * R]
+            for u in range(1, U):
+                sums = [builder.fadd(s1, s2) for s1, s2 in zip(sums, state[2 * R * u:2 * R * (u + 1)])]
+            final = _loop(builder, main_end, nb, 1, sums, lambda b, st, o=o: block(o, b, st))
+            for r in range(R):
+                builder.store(builder.fadd(_reduce32(builder, final[r]), final[R + r]),
+                              builder.gep(acc_p, [c64(o * R + r)]), align=4)
 
-                state = _loop(builder, c64(0), main_end, U, zero * U, step)
-                sums = state[:2 * R]
-                for u in range(1, U):
-                    sums = [builder.fadd(a_, b_) for a_, b_ in zip(sums, state[2 * R * u:2 * R * (u + 1)])]
-                final = _loop(builder, main_end, nb, 1, sums, lambda b, st, o=o: block(o, b, st))
-                for r in range(R):
-                    builder.store(builder.fadd(_reduce32(builder, final[r]), final[R + r]),
-                                  builder.gep(acc_p, [c64(o * R + r)]), align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return outputs_
+    return _blocks_intrinsic(emit)
 
 
 OUTPUTS = 4  # output rows per call of the `outputs` kernels below
