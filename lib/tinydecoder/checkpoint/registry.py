@@ -28,9 +28,10 @@ WEIGHTS = ("f32", "q4_1")
 # --tensor-parallel): ONE_STREAM_WEIGHTS, the file's Q4_1 blocks, whose decode step reads a fifth of
 # the bytes. Anything that runs passes over several rows (serve's batches, speculative checks, beams,
 # bench's targets): DEFAULT_WEIGHTS, float32. Measured by `bench --model smollm2` on a 2-vCPU AMD EPYC
-# Zen 5 VM, December 2026: q4_1 decode 2.9-3.1x float32's at context 128 (212-222 against 69-76
-# tokens/s), prefill within 1-4% of float32's; but a pass over 8 rows costs 4.1 q4_1 decode steps
-# (float32: 1.2), and batch 16 reaches 2.4x batch 1 (float32: 6.4x), so float32 is faster from ~8 rows on.
+# Zen 5 VM, December 2026 (five runs): q4_1 decode at context 128 198-229 tokens/s, 2.1-3.1x float32's
+# (the ratio follows float32's speed, that is the machine's bandwidth: 69-104 tokens/s); prefill
+# 0.86-1.00x float32's; but Q4_1's arithmetic grows with the rows: a pass over 8 rows costs ~3.6 of
+# its decode steps (float32: 1.1-1.2) and batch 16 reaches 2.5x batch 1 (float32: 6.2-9.0x).
 DEFAULT_WEIGHTS = "f32"
 ONE_STREAM_WEIGHTS = "q4_1"
 

@@ -35,7 +35,7 @@ rows a matrix is dequantised whole (`_dequantize_all`) for tiles.py's own produc
 Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, one input row, Q4_1
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch. Several
-rows stay arithmetic-bound (8 rows ~3.6 decode steps); prefill 1-4% slower than float32's.
+rows stay arithmetic-bound (8 rows ~3.6 decode steps); prefill 0.86-1.00x float32's speed.
 """
 from __future__ import annotations
 
