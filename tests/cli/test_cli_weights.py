@@ -22,6 +22,16 @@ def test_weights_parses_on_each_command(command, capsys):
     assert "--weights" in err and "invalid choice: 'q4_0'" in err and "'q4_1'" in err
 
 
+def test_one_stream_default_is_q4_1_only_with_the_fast_kernels(monkeypatch):
+    from tinydecoder.checkpoint import registry
+    from tinydecoder.fast.compiled import jit
+
+    monkeypatch.setattr(jit, "available", lambda: True)
+    assert registry.one_stream_weights() == registry.ONE_STREAM_WEIGHTS == "q4_1"
+    monkeypatch.setattr(jit, "available", lambda: False)  # no numba: Q4_1 would dequantise every step
+    assert registry.one_stream_weights() == registry.DEFAULT_WEIGHTS == "f32"
+
+
 def test_check_weights_defaults_and_errors():
     assert DEFAULT_WEIGHTS in WEIGHTS == ("f32", "q4_1")
     assert check_weights("smollm2", None) == DEFAULT_WEIGHTS

@@ -36,6 +36,15 @@ DEFAULT_WEIGHTS = "f32"
 ONE_STREAM_WEIGHTS = "q4_1"
 
 
+def one_stream_weights() -> str:
+    """generate's default for one stream: ONE_STREAM_WEIGHTS where the fast path's kernels run
+    (numba, the [fast] extra); without them a Q4_1 product would dequantise its whole matrix in
+    numpy at every step, so float32 (DEFAULT_WEIGHTS)."""
+    from ..fast.compiled import jit
+
+    return ONE_STREAM_WEIGHTS if jit.available() else DEFAULT_WEIGHTS
+
+
 def check_model_name(name) -> str:
     """`name` if it is a known model; otherwise a ValueError naming the choices."""
     if name not in MODEL_NAMES:

@@ -38,8 +38,9 @@ def add_model_argument(parser, default: str, help: str) -> None:
 def add_weights_argument(parser, one_stream: bool = False) -> None:
     """--weights f32|q4_1: how SmolLM2's matrices are held (checkpoint.registry's DEFAULT_WEIGHTS;
     one_stream: generate's, ONE_STREAM_WEIGHTS for one stream)."""
-    default = (f"default {ONE_STREAM_WEIGHTS} for one stream (its decode reads a fifth of the bytes), {DEFAULT_WEIGHTS} "
-               "with --speculative, --beams or --tensor-parallel (passes over several rows, where float32 is faster)"
+    default = (f"default {ONE_STREAM_WEIGHTS} for one stream (its decode reads a fifth of the bytes; {DEFAULT_WEIGHTS} "
+               f"without numba), {DEFAULT_WEIGHTS} with --speculative, --beams or --tensor-parallel (passes over several "
+               "rows, where float32 is faster)"
                if one_stream else f"default {DEFAULT_WEIGHTS} (this command runs passes over several rows, where "
                "float32 is faster; q4_1 decodes one stream faster)")
     parser.add_argument("--weights", choices=WEIGHTS, default=None,

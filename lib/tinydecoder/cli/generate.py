@@ -96,9 +96,9 @@ def run_plain(args, processors) -> int:
     def show(text):
         print(text, end="", flush=True)
 
-    from ..checkpoint.registry import ONE_STREAM_WEIGHTS, check_weights
+    from ..checkpoint.registry import check_weights, one_stream_weights
 
-    weights = check_weights(args.model, args.weights, ONE_STREAM_WEIGHTS)  # a clear error before anything loads
+    weights = check_weights(args.model, args.weights, one_stream_weights())  # a clear error before anything loads
     if args.model == "toy":
         result = toy_generation(args, processors, (lambda t: show(f" {t}")) if stream else None)
     else:
