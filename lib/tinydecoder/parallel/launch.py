@@ -192,8 +192,9 @@ def _launch(n: int, target: str, kwargs, timeout: float, threads) -> tuple:
             pickle.dump((target, dict(kwargs or {})), f)
         cmd = mpiexec_command(n) + [sys.executable, "-m", "tinydecoder.parallel.rank_main", folder]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=rank_environment(threads), start_new_session=True)
+        # stdin: nothing (mpiexec forwards its stdin to rank 0; a notebook kernel's is not ours to give)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=rank_environment(threads), start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
