@@ -33,11 +33,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .llvm import _prefetch_line
+from .quant_matrix import BLOCK_BYTES
 
 _F32, _I64, _I32, _I16, _I8 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.IntType(8)
 _V32 = ir.VectorType(_F32, 32)
 _V16 = ir.VectorType(_F32, 16)
-BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 
 
 def has_avx512() -> bool:
