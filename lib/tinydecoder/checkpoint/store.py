@@ -225,10 +225,12 @@ def build_lock(cache_dir, progress: bool = True):
                     path.unlink()
 
 
-def ensure_cache(path, *, expected_sha256: str | None = None, cache_root=None, progress: bool = True):
+def ensure_cache(path, *, expected_sha256: str | None = None, cache_root=None, progress: bool = True,
+                 verified_sha256: str | None = None):
     """Verify the GGUF file and return (cache folder, manifest), building the cache if needed
-    (and rebuilding it, with a line on stderr, if its manifest is damaged or outdated)."""
-    sha256 = verify_sha256(path, expected_sha256)
+    (and rebuilding it, with a line on stderr, if its manifest is damaged or outdated).
+    verified_sha256: the file's sha256 when the caller has just verified it (not hashed again)."""
+    sha256 = verified_sha256 or verify_sha256(path, expected_sha256)
     cache_dir = cache_dir_for(sha256, cache_root)
     if not cache_dir.exists():
         with build_lock(cache_dir, progress):
@@ -269,7 +271,7 @@ def tokenizer_from_cache(path, **kw) -> Tokenizer:
             if alone.exists():
                 return load_cached_tokenizer(alone)
         return _save_tokenizer_alone(path, alone)
-    cache_dir, manifest = ensure_cache(path, **kw)
+    cache_dir, manifest = ensure_cache(path, **kw, verified_sha256=sha256)
     if not manifest.get("tokenizer"):
         raise UnsupportedModelError(f"{Path(path).name} carries no tokenizer (no tokenizer.ggml.tokens)")
     try:

@@ -210,7 +210,7 @@ def _launch(n: int, target: str, kwargs, timeout: float, threads) -> tuple:
 
 
 def last_words(stderr: str, lines: int = 12) -> str:
-    """The end of mpiexec's stderr, for an error message ("" when it said nothing)."""
+    """The end of mpiexec's stderr, for an error message (or that it printed nothing)."""
     said = [line for line in (stderr or "").splitlines() if line.strip() and not set(line.strip()) <= set("-=")]
     return ("; mpiexec's stderr ended: " + " | ".join(said[-lines:])) if said else "; mpiexec printed nothing on stderr"
 
