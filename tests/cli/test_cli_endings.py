@@ -38,7 +38,7 @@ def test_toy_endings_length_and_stop(capsys):
     assert out["finish_reason"] == "stop" and out["token_ids"] == td.SEED_CONTINUATION[:2]
     for extra in (["--beams", "2"], ["--speculative", "prompt-lookup"]):
         out, _ = run_json(capsys, *TOY, "--max-new-tokens", "3", *extra)
-        assert out["finish_reason"] == "length" and len(out["token_ids"]) == 3
+        assert out["finish_reason"] == "length" and len(out["token_ids"]) == 3 and out["weights"] == "f32"
 
 
 def test_grammar_flags_are_one_at_a_time_and_need_a_tokenizer(tmp_path, capsys):

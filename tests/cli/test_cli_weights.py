@@ -87,3 +87,14 @@ def test_generate_by_default_and_with_q4_1_gives_f32s_greedy_tokens(capsys):
         assert len(runs["f32"]["token_ids"]) == 16
         for w in (None, "q4_1"):
             assert runs[w]["token_ids"] == runs["f32"]["token_ids"] and runs[w]["text"] == runs["f32"]["text"]
+
+
+@pytest.mark.smollm2
+def test_beams_and_speculative_default_to_f32_and_say_so(capsys):
+    """Passes over several rows (beams, speculative checks) keep float32 unless asked; --json says which."""
+    for extra, weights in ((["--beams", "2"], None), (["--speculative", "prompt-lookup"], None),
+                           (["--speculative", "prompt-lookup"], "q4_1")):
+        assert cli_main(["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "4", "--json", *extra]
+                        + (["--weights", weights] if weights else [])) == 0
+        assert json.loads(capsys.readouterr().out)["weights"] == (weights or "f32")
+

@@ -7,7 +7,7 @@ from .grammar import endings
 
 
 def run_beams(args, processors) -> int:
-    from ..checkpoint.registry import open_model
+    from ..checkpoint.registry import check_weights, open_model
     from ..decoding.beam import beam_search
     from ..decoding.processors import StopSequences
 
@@ -15,7 +15,8 @@ def run_beams(args, processors) -> int:
         raise ValueError("--beams is a deterministic search: drop --temperature/--top-k/--top-p/--seed")
     if args.no_cache:
         raise ValueError("--beams always uses a KV cache per beam: drop --no-cache")
-    chosen = open_model(args.model, weights=args.weights)
+    weights = check_weights(args.model, args.weights)  # float32 unless asked: beams are passes over several rows
+    chosen = open_model(args.model, weights=weights)
     prompt = chosen.encode(args.prompt, args.chat)
     stop_text = StopSequences(args.stop, chosen.decode) if args.stop else None
     result = beam_search(chosen.model, prompt, args.beams, args.max_new_tokens, stop_tokens=chosen.stop_tokens,
@@ -28,6 +29,6 @@ def run_beams(args, processors) -> int:
     ended = endings(args, processors, prompt, best.tokens, best.finished or len(texts[0]) < len(decoded[0]))
     if args.json:
         print(json.dumps({"prompt_token_ids": prompt, "token_ids": best.tokens, "text": texts[0],
-                          "forward_calls": result.forward_calls} | ended |
+                          "forward_calls": result.forward_calls} | ended | {"weights": weights} |
                          {"beams": [b.to_dict() | {"text": t} for b, t in zip(result.beams, texts)]}, indent=2))
     return 0

@@ -82,7 +82,7 @@ def _generate(args) -> int:
                             sum(r["cache_bytes"] for r in results), stopped=bool(tokens) and tokens[-1] in stop_tokens)
     if args.json:
         print(json.dumps(result.to_dict() | {"malloc_keeps_freed_memory": all(r["malloc_kept"] for r in results),
-                                             "tensor_parallel": tp} | communication(results) |
+                                             "tensor_parallel": tp, "weights": "f32"} | communication(results) |
                          {"finish_reason": finish_reason(result.stopped, len(tokens), args.max_new_tokens)}, indent=2))
     else:  # as the single-process command streams it (the toy's ids each after a space)
         print("".join(f" {t}" for t in tokens) if args.model == "toy" else result.text)

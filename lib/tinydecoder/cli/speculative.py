@@ -22,7 +22,7 @@ def run_speculative(args) -> int:
     """The `generate` command with --speculative: the same output (and --json fields) as without."""
     import time
 
-    from ..checkpoint.registry import open_model
+    from ..checkpoint.registry import check_weights, open_model
     from ..checkpoint.text import TextGeneration
 
     if args.no_cache:
@@ -34,7 +34,8 @@ def run_speculative(args) -> int:
         raise ValueError(f"--speculative does not apply {', '.join(ignored)} (its verification keeps the model's own "
                          "distribution): drop " + ("it" if len(ignored) == 1 else "them"))
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    chosen = open_model(args.model, weights=args.weights)
+    weights = check_weights(args.model, args.weights)  # float32 unless asked: a check is a pass over several rows
+    chosen = open_model(args.model, weights=weights)
     prompt = chosen.encode(args.prompt, args.chat)
     model, stop_tokens, piece_of = chosen.model, chosen.stop_tokens, chosen.piece_writer()
     pieces, times = [], []
@@ -57,7 +58,7 @@ def run_speculative(args) -> int:
                             spec.cache.nbytes, stopped=bool(new) and new[-1] in stop_tokens)
     if args.json:
         ended = {"finish_reason": finish_reason(result.stopped, len(new), args.max_new_tokens)}
-        out = result.to_dict() | ended | {k: v for k, v in spec.to_dict().items()
+        out = result.to_dict() | ended | {"weights": weights} | {k: v for k, v in spec.to_dict().items()
                                           if k in ("draft", "draft_tokens", "draft_tokens_proposed",
                                                    "draft_tokens_accepted", "target_forward_calls", "accepted_per_step")}
         print(json.dumps(out, indent=2))
