@@ -1,5 +1,6 @@
 """Start `python -m tinydecoder serve` as a learner runs it, for the tests that need a real
-process (signals, the trace written at shutdown): a free loopback port, this checkout's library."""
+process (signals, the trace written at shutdown): a free loopback port, this checkout's library;
+and `answer_then_stop`, the run both kinds of test make of it."""
 import os
 import socket
 import subprocess
@@ -37,3 +38,26 @@ def start(*args):
             proc.kill()
             pytest.fail(f"the server did not start: {proc.communicate()[0]}")
         time.sleep(0.1)
+
+
+def answer_then_stop(sig, *args) -> tuple:
+    """Start a toy server (extra CLI `args`), check one greedy completion, open a stream of 60
+    tokens, send `sig` after its first chunk and read the stream to its end (finished or
+    cancelled, not hung); -> (exit status, the server's output)."""
+    proc, url = start(*args)
+    try:
+        r = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": "0 1 2 3", "max_tokens": 4,
+                                                       "temperature": 0}, timeout=30)
+        assert r.json()["choices"][0]["text"] == " 3 2 0 4"
+        with httpx.stream("POST", url + "/v1/completions", timeout=30,
+                          json={"model": "toy", "prompt": "0 1", "max_tokens": 60, "stream": True}) as s:
+            lines = s.iter_lines()
+            next(lines)
+            proc.send_signal(sig)
+            list(lines)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out
+

@@ -12,7 +12,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
-from cli_server import start  # noqa: E402
+from cli_server import answer_then_stop  # noqa: E402
 
 import tinydecoder as td  # noqa: E402
 from tinydecoder.cli import main  # noqa: E402
@@ -70,22 +70,8 @@ def test_a_served_trace_has_every_request_its_decode_steps_and_a_preemption(tmp_
 
 def test_serve_trace_is_valid_json_after_ctrl_c(tmp_path):
     path = tmp_path / "cli.json"
-    proc, url = start("--max-batch", "2", "--kv-blocks", "32", "--trace", str(path))
-    try:
-        r = httpx.post(url + "/v1/completions", json={"model": "toy", "prompt": "0 1 2 3", "max_tokens": 4,
-                                                       "temperature": 0}, timeout=30)
-        assert r.json()["choices"][0]["text"] == " 3 2 0 4"
-        with httpx.stream("POST", url + "/v1/completions", timeout=30,
-                          json={"model": "toy", "prompt": "0 1", "max_tokens": 60, "stream": True}) as s:
-            lines = s.iter_lines()
-            next(lines)
-            proc.send_signal(signal.SIGINT)
-            list(lines)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
+    code, out = answer_then_stop(signal.SIGINT, "--max-batch", "2", "--kv-blocks", "32", "--trace", str(path))
+    assert code == 0, out
     by = tracks(load_trace(path))
     assert chosen_text(by[1]) == " 3 2 0 4"
     reasons = [e["args"]["finish_reason"] for evs in by.values() for e in evs if e["name"] == "finish"]
