@@ -35,6 +35,7 @@ class QuantMatrix:
                 raise ValueError(f"cols must give one column per row: {raw.shape[0]}, got {list(cols.shape)}")
             checked.append((raw, cols))
         self.parts, self.kind, self.K, self.transposed = tuple(checked), kind, K, transposed
+        self._where_cache = None  # `_where`'s map, made on first use
         self.raws, self.cols = tuple(r for r, _ in checked), tuple(c for _, c in checked)  # as the kernels take them
         self.N = sum(len(c) for _, c in checked)
         every = np.sort(np.concatenate([c for _, c in checked])) if checked else np.zeros(0, np.int64)
@@ -90,7 +91,7 @@ class QuantMatrix:
     def _where(self) -> tuple:
         """For each output column: which part holds it, and its row there (computed once: a
         decode step's embedding looks up one row of 49,152)."""
-        if getattr(self, "_where_cache", None) is None:
+        if self._where_cache is None:
             part, row = np.empty(self.N, np.int64), np.empty(self.N, np.int64)
             for p, (_, cols) in enumerate(self.parts):
                 part[cols], row[cols] = p, np.arange(len(cols))
