@@ -46,8 +46,10 @@ def twins():
 def test_compare_weights_reports_both_and_batch_for_the_first():
     q, f = twins()
     section = wb.compare_weights({"q4_1": q, "f32": f}, decode_contexts=(8, 32), lengths=(16,), rounds=2, steps=2,
-                                 batch_sizes=(1, 2), batch_context=8, bandwidth_bytes=2**20)
+                                 batch_sizes=(1, 2), batch_context=8, bandwidth_bytes=2**20, peak_gflops=50.0)
     assert list(section) == ["q4_1", "f32"]
+    # per layer: QKV 64 x 128, output 64 x 64, gate and up 64 x 128, down 64 x 64; the head 64 x 50
+    assert wb.matmul_weights(q) == wb.matmul_weights(f) == 2 * (8192 + 4096 + 8192 + 4096) + 64 * 50
     for name, model in (("q4_1", q), ("f32", f)):
         s = section[name]
         assert s["weights_bytes"] == model.nbytes
@@ -56,6 +58,10 @@ def test_compare_weights_reports_both_and_batch_for_the_first():
         kv = model.config.kv_bytes_per_token(4)
         assert s["decode_bytes_per_token"] == {str(c): model.nbytes + (c + 1) * kv for c in (8, 32)}
         assert set(s["prefill_tokens_per_second"]) == {"16"} and s["prefill_tokens_per_second"]["16"] > 0
+        assert set(s["pass_cost"]) == {"2", "3", "4", "8"} and all(v > 0 for v in s["pass_cost"].values())
+        step = 1 / s["decode_tokens_per_second"]["8"]  # the floor, in this model's steps at the batch context
+        assert s["pass_floor"] == {str(n): pytest.approx(2 * n * wb.matmul_weights(model) / 50e9 / step)
+                                   for n in (2, 3, 4, 8)}
     layer_bytes = {name: sum(w.nbytes for w in (m.layers[0].w_qkv, m.layers[0].wo)) for name, m in (("q4_1", q),
                                                                                                   ("f32", f))}
     assert layer_bytes["q4_1"] * 128 == layer_bytes["f32"] * 20  # 20 bytes a block of 32 against 4 bytes a weight
@@ -75,11 +81,29 @@ def test_weights_target_is_q4_1_over_f32_at_128():
     assert wb.weights_targets({"f32": side(60.0, 0.8)}) == {} and wb.weights_targets(None) == {}
 
 
+def test_weights_targets_cost_q4_1_passes_beside_their_floor():
+    q = {"decode_tokens_per_second": {"128": 250.0}, "decode_roof_fraction": {"128": 0.4},
+         "pass_cost": {"2": 1.3, "8": 3.6}, "pass_floor": {"2": 0.7, "8": 2.8}}
+    got = wb.weights_targets({"q4_1": q})  # no f32: the passes alone
+    assert got == {"q4_1 pass over 2 rows, in its decode steps, arithmetic floor 0.70":
+                   {"measured": 1.3, "target": "<= 1.5", "met": True},
+                   "q4_1 pass over 8 rows, in its decode steps, arithmetic floor 2.80":
+                   {"measured": 3.6, "target": "<= 1.5", "met": False}}
+    del q["pass_floor"]
+    assert list(wb.weights_targets({"q4_1": q})) == ["q4_1 pass over 2 rows, in its decode steps",
+                                                      "q4_1 pass over 8 rows, in its decode steps"]
+
+
 def test_format_weights_lines():
     s = {"decode_tokens_per_second": {"128": 150.0}, "decode_roof_fraction": {"128": 0.4},
          "decode_bytes_per_token": {"128": 97e6}, "prefill_tokens_per_second": {"128": 900.0},
-         "batch_decode": [{"batch": 4, "tokens_per_second": 300.0}]}
-    lines = wb.format_weights({"q4_1": s})
+         "batch_decode": [{"batch": 4, "tokens_per_second": 300.0}],
+         "pass_cost": {"2": 1.31, "8": 3.57}, "pass_floor": {"2": 0.62, "8": 2.49}}
+    f32 = {**s, "pass_cost": {"2": 1.04}, "pass_floor": {}, "batch_decode": []}
+    lines = wb.format_weights({"q4_1": s, "f32": f32})
     assert "q4_1 decode: ctx 128 150.0 tok/s (40% roof, 97.0 MB)" in "\n".join(lines)
+    assert any(line.endswith("q4_1 a pass over n rows, in its decode steps: 2 rows 1.31 (floor 0.62)  8 rows 3.57 "
+                             "(floor 2.49)") for line in lines)
+    assert any(line.endswith("f32 a pass over n rows, in its decode steps: 2 rows 1.04") for line in lines)
     assert any("q4_1 batch   4: 300.0 tok/s" in line for line in lines)
     assert wb.format_weights(None) == [] and wb.format_weights({}) == []

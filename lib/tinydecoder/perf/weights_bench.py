@@ -3,7 +3,8 @@ against the GGUF file's own Q4_1 blocks read in place ("q4_1"), for `bench --jso
 
     section = compare_weights({"q4_1": quantised_model, "f32": float32_model})
     section["q4_1"]["decode_tokens_per_second"]["128"]      # and decode_bytes_per_token, _roof_fraction
-    weights_targets(section)                                  # q4_1 decode at 128 over f32's, the target
+    section["q4_1"]["pass_cost"]["8"]                         # a pass over 8 rows, in its own decode steps
+    weights_targets(section)                                  # q4_1 decode at 128 over f32's; q4_1's passes
 
 A shared machine's speed drifts, so the two never run one after the other as blocks: each round
 times every model's decode steps (`bench.decode_speed`, each step paired with a bandwidth probe)
@@ -12,6 +13,14 @@ weights as stored (a Q4_1 block: 20 bytes for 32 weights, against float32's 128)
 V it reads, so q4_1's share of the bandwidth roof shows how far its arithmetic (decoding the
 blocks) keeps it from streaming them. The first model named also gets batched decode
 (`bench.batch_decode_speed`). Nothing here asserts a speed.
+
+Each model's passes over PASS_ROWS rows of one sequence (a speculative check, all rows' logits)
+are costed in that model's own decode steps (`bench_rows.pass_cost`), beside their arithmetic
+floor (`pass_floor`): a pass multiplies every weight by each of its rows, 2 FLOPs a weight a row,
+and cannot run faster than the machine's measured matmul peak. In decode steps, the floor grows
+as the step shrinks: reading 5 bits a weight instead of 32 shortens a step, not the arithmetic of
+a pass over n rows, so the same pass costs more of q4_1's steps than of float32's. Where the floor
+is above a target, no kernel computing in float32 on this machine can meet it.
 """
 from __future__ import annotations
 
@@ -19,13 +28,16 @@ import numpy as np
 
 from .. import fast
 from .bench import batch_decode_speed, decode_speed, decode_step_bytes, prefilled_cache, settle
-from .bench_rows import bench_tokens
+from .bench_rows import bench_tokens, pass_cost
 from .machine import bandwidth_probe, run_times
 from .roofline import BATCH_SIZES
 
 # q4_1's decode step at context 128 against float32's, measured in the same run.
 TARGET_DECODE_SPEEDUP = 2.5
 TARGET_CONTEXT = "128"
+# A pass over this many rows (at TARGET_CONTEXT) against q4_1's own decode step: the target for each.
+PASS_ROWS = (2, 3, 4, 8)
+TARGET_PASS_COST = 1.5
 
 
 def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(128, 512), rounds: int = 3,
@@ -35,7 +47,9 @@ def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(
     "decode_roof_fraction", "prefill_tokens_per_second"} (per context / length, string keys)} for
     each model of `models` ({name: Model}, the same network held differently), the first one with
     "batch_decode" too (rows as bench.batch_decode_speed gives them; the roofs, when given, add
-    the roofline's predictions). Every round runs each model in turn (module docstring)."""
+    the roofline's predictions), and "pass_cost" ({rows: decode steps} after batch_context positions)
+    with, when peak_gflops is given and batch_context is a decode context, "pass_floor" (the same
+    rows' `pass_floor`). Every round runs each model in turn (module docstring)."""
     if not models:
         raise ValueError("compare_weights needs at least one model: {name: Model}")
     probe = bandwidth_probe(bandwidth_bytes)
@@ -61,6 +75,12 @@ def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(
             "decode_bandwidth_gbps": {str(c): med("bandwidth_gbps", c) for c in sorted(decode_contexts)},
             "prefill_tokens_per_second": {str(n): float(np.median(prefill[name][n])) for n in sorted(lengths)},
         }
+        settle()
+        costs = pass_cost(model, rows=PASS_ROWS, contexts=(batch_context,), repeat=steps, cache=caches[name])
+        out[name]["pass_cost"] = costs[str(batch_context)]
+        if peak_gflops and batch_context in decode_contexts:
+            step = 1.0 / out[name]["decode_tokens_per_second"][str(batch_context)]
+            out[name]["pass_floor"] = {str(n): pass_floor(model, n, step, peak_gflops) for n in PASS_ROWS}
     first = next(iter(models))
     settle()
     out[first]["batch_context"] = int(batch_context)
@@ -68,6 +88,19 @@ def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(
                                                     cache=caches[first], bandwidth_gbps=bandwidth_gbps,
                                                     peak_gflops=peak_gflops)
     return out
+
+
+def matmul_weights(model) -> int:
+    """How many weights a pass multiplies each row by: every layer's four matrices and the head."""
+    mats = [w for layer in model.layers for w in (layer.w_qkv, layer.wo, layer.w_gate_up, layer.w_down)]
+    return int(sum(np.prod(w.shape) for w in mats + [model.lm_head]))
+
+
+def pass_floor(model, rows: int, step_seconds: float, peak_gflops: float) -> float:
+    """The least a pass over `rows` rows can cost, in decode steps of `step_seconds`: 2 FLOPs per
+    weight per row (`matmul_weights`) at the machine's matmul peak (GFLOP/s), the model's other
+    work (attention, norms) and its reads counted as free."""
+    return 2 * rows * matmul_weights(model) / (peak_gflops * 1e9) / step_seconds
 
 
 def _prefill_seconds(model, n: int) -> float:
@@ -79,16 +112,23 @@ def _prefill_seconds(model, n: int) -> float:
 def weights_targets(section: dict) -> dict:
     """bench_rows.targets_report's form ({what: {"measured", "target", "met"}}) for the weights
     section: q4_1's decode tokens/s at context 128 over f32's from the same run, its roof share in
-    the name. Empty without both."""
-    if not section or "q4_1" not in section or "f32" not in section:
+    the name (needs both); q4_1's passes over PASS_ROWS rows in its own decode steps, each with
+    its arithmetic floor in the name where the section has it."""
+    if not section or "q4_1" not in section:
         return {}
-    q, f = section["q4_1"], section["f32"]
-    if TARGET_CONTEXT not in q["decode_tokens_per_second"] or TARGET_CONTEXT not in f["decode_tokens_per_second"]:
-        return {}
-    ratio = q["decode_tokens_per_second"][TARGET_CONTEXT] / f["decode_tokens_per_second"][TARGET_CONTEXT]
-    share = q["decode_roof_fraction"][TARGET_CONTEXT]
-    what = f"q4_1 decode at context {TARGET_CONTEXT} over f32 (q4_1 at {100 * share:.0f}% of the roof)"
-    return {what: {"measured": ratio, "target": f">= {TARGET_DECODE_SPEEDUP}", "met": ratio >= TARGET_DECODE_SPEEDUP}}
+    q, out = section["q4_1"], {}
+    f = section.get("f32")
+    if f and TARGET_CONTEXT in q["decode_tokens_per_second"] and TARGET_CONTEXT in f["decode_tokens_per_second"]:
+        ratio = q["decode_tokens_per_second"][TARGET_CONTEXT] / f["decode_tokens_per_second"][TARGET_CONTEXT]
+        share = q["decode_roof_fraction"][TARGET_CONTEXT]
+        what = f"q4_1 decode at context {TARGET_CONTEXT} over f32 (q4_1 at {100 * share:.0f}% of the roof)"
+        out[what] = {"measured": ratio, "target": f">= {TARGET_DECODE_SPEEDUP}", "met": ratio >= TARGET_DECODE_SPEEDUP}
+    floors = q.get("pass_floor", {})
+    for n, cost in q.get("pass_cost", {}).items():
+        floor = f", arithmetic floor {floors[n]:.2f}" if n in floors else ""
+        out[f"q4_1 pass over {n} rows, in its decode steps{floor}"] = {
+            "measured": cost, "target": f"<= {TARGET_PASS_COST}", "met": cost <= TARGET_PASS_COST}
+    return out
 
 
 def format_weights(section: dict) -> list:
@@ -102,6 +142,11 @@ def format_weights(section: dict) -> list:
                            for c, tps in s["decode_tokens_per_second"].items())
         prefill = "  ".join(f"{n} tokens {tps:.0f} tok/s" for n, tps in s["prefill_tokens_per_second"].items())
         lines += [f"  {name:>5} decode: {decode}", f"  {name:>5} prefill: {prefill}"]
+        if s.get("pass_cost"):
+            floors = s.get("pass_floor", {})
+            lines.append(f"  {name:>5} a pass over n rows, in its decode steps: " + "  ".join(
+                f"{n} rows {cost:.2f}" + (f" (floor {floors[n]:.2f})" if n in floors else "")
+                for n, cost in s["pass_cost"].items()))
         for row in s.get("batch_decode", []):
             lines.append(f"  {name:>5} batch {row['batch']:>3}: {row['tokens_per_second']:.1f} tok/s")
     return lines
