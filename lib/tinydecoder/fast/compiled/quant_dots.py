@@ -319,7 +319,7 @@ PREFETCH_BYTES = 8192  # how far ahead of the blocks it reads an `outputs` or `d
 # blocks a row; with more rows, each block has more sums to keep the adders busy).
 OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1}
 q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4 = (make_outputs("Q4_1", OUTPUTS, TABLE, R) for R in (1, 2, 3, 4))
-q80_outputs = make_outputs("Q8_0", OUTPUTS)  # one input row only (quant_rows: the head in a decode step)
+q80_outputs1, q80_outputs2, q80_outputs3, q80_outputs4 = (make_outputs("Q8_0", OUTPUTS, False, R) for R in (1, 2, 3, 4))
 q41_dots1, q41_dots2, q41_dots3, q41_dots4 = (make_dots("Q4_1", R, TABLE) for R in (1, 2, 3, 4))
 q80_dots1, q80_dots2, q80_dots3, q80_dots4 = (make_dots("Q8_0", R) for R in (1, 2, 3, 4))
 

@@ -25,7 +25,7 @@ columns `cols` (which undoes llama.cpp's Q/K row order); `.T[ids]` dequantises e
 
 Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. Up to
 ROWS_UP_TO rows (a decode step, a speculative check, a small batch), `_rows`: quant_dots'
-`outputs` kernels take OUTPUTS output rows a call (Q8_0: one input row; Q4_1: up to 4), read in
+`outputs` kernels take OUTPUTS output rows a call against up to 4 input rows, read in
 the file's order with the memory asked for PREFETCH_BYTES ahead, each block decoded once for the
 input rows, several blocks' sums in flight, each output summed in registers; the few rows left
 run `dots`, one output row a call. More rows (a prefill), `_tiles`: each task dequantises 6 output
@@ -34,8 +34,10 @@ rows a matrix is dequantised whole (`_dequantize_all`) for tiles.py's own produc
 
 Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, one input row, Q4_1
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
-`outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch. Several
-rows stay arithmetic-bound (8 rows ~3.6 decode steps); prefill 0.86-1.00x float32's speed.
+`outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
+head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`. Several rows stay arithmetic-bound (8
+rows ~3.4-3.9 decode steps, against perf.weights_bench.pass_floor's ~2); prefill 0.86-1.00x
+float32's speed.
 """
 from __future__ import annotations
 
@@ -59,12 +61,13 @@ _scratch = threading.local()  # _dense_scratch's buffer, one per thread
 prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_dots.q41_dequant",
           "compiled.quant_dots.q80_dequant",
-          *(f"compiled.quant_dots.q41_outputs{R}" for R in (1, 2, 3, 4)), "compiled.quant_dots.q80_outputs", "_outputs",
+          *(f"compiled.quant_dots.q{t}_outputs{R}" for t in ("41", "80") for R in (1, 2, 3, 4)), "_outputs",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by jit.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by jit.compiled
 q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
-q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = q80_outputs = None
+q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = None
+q80_outputs1 = q80_outputs2 = q80_outputs3 = q80_outputs4 = None
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
 
 
@@ -158,17 +161,16 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
             n0, n1 = t * N // threads, (t + 1) * N // threads
-            if q4_1 or M == 1:  # OUTPUTS output rows a call against up to 4 input rows, summed in registers
-                while n0 + OUTPUTS <= n1:
-                    m0 = 0
-                    while m0 < M:  # the next input rows against the same blocks, now in cache
-                        R = min(4, M - m0)
-                        _outputs(q4_1, R, raw, n0 * row_bytes, x, m0 * K, K, sx, m0 * nb, acc_o)
-                        for o in range(OUTPUTS):
-                            for r in range(R):
-                                out[m0 + r, cols[n0 + o]] = acc_o[o * R + r]
-                        m0 += R
-                    n0 += OUTPUTS
+            while n0 + OUTPUTS <= n1:  # OUTPUTS output rows a call against up to 4 input rows, summed in registers
+                m0 = 0
+                while m0 < M:  # the next input rows against the same blocks, now in cache
+                    R = min(4, M - m0)
+                    _outputs(q4_1, R, raw, n0 * row_bytes, x, m0 * K, K, sx, m0 * nb, acc_o)
+                    for o in range(OUTPUTS):
+                        for r in range(R):
+                            out[m0 + r, cols[n0 + o]] = acc_o[o * R + r]
+                    m0 += R
+                n0 += OUTPUTS
             for n in range(n0, n1):
                 m0 = 0
                 while m0 < M:
@@ -183,9 +185,16 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
 
 
 def _outputs(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
-    """quant_dots' `outputs` intrinsic for the block type and R input rows (1-4 for Q4_1; 1 for Q8_0)."""
+    """quant_dots' `outputs` intrinsic for the block type and R (1-4) input rows."""
     if not q4_1:
-        q80_outputs(raw, w_start, x, x_start, K, sx, sx_start, acc)
+        if R == 4:
+            q80_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
+        elif R == 3:
+            q80_outputs3(raw, w_start, x, x_start, K, sx, sx_start, acc)
+        elif R == 2:
+            q80_outputs2(raw, w_start, x, x_start, K, sx, sx_start, acc)
+        else:
+            q80_outputs1(raw, w_start, x, x_start, K, sx, sx_start, acc)
     elif R == 4:
         q41_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
     elif R == 3:
