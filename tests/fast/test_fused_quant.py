@@ -12,7 +12,7 @@ from tinydecoder.core import reference
 from tinydecoder.core.model import LayerWeights, Model
 from tinydecoder.fast import forward_pass as fast
 from tinydecoder.fast import fused_quant
-from tinydecoder.fast.compiled import jit
+from tinydecoder.fast.compiled import jit, quant_rows
 from tinydecoder.fast.compiled.quant_rows import QuantMatrix
 
 pytestmark = pytest.mark.skipif(not jit.available(), reason="numba is not installed (the [fast] extra)")
@@ -118,6 +118,7 @@ def test_fused_quant_decode_equals_the_reference_on_dequantised_weights(layers_r
 
 def test_fits_only_quant_layers_of_few_rows():
     model = quant_model(config())
-    assert fused_quant.fits(model.layers[0], 1) and fused_quant.fits(model.layers[0], 8)
-    assert not fused_quant.fits(model.layers[0], 9)
+    rows = quant_rows.ROWS_UP_TO
+    assert fused_quant.fits(model.layers[0], 1) and fused_quant.fits(model.layers[0], rows)
+    assert not fused_quant.fits(model.layers[0], rows + 1)
     assert not fused_quant.fits(dequantised(model).layers[0], 1)

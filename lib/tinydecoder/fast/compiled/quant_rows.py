@@ -37,7 +37,7 @@ at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
 head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`. Several rows stay arithmetic-bound (8
 rows ~3.4-3.9 decode steps, against perf.weights_bench.pass_floor's ~2); prefill 0.86-1.00x
-float32's speed.
+float32's speed. (ROWS_UP_TO's comment has the measurements behind it.)
 """
 from __future__ import annotations
 
@@ -48,13 +48,19 @@ import numpy as np
 from . import jit
 from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # noqa: F401 - this module's interface too
 
-ROWS_UP_TO = 8  # up to this many rows: `_rows`; more: `_tiles`
+# Up to this many rows: `_rows`; more: `_tiles` or dense. SmolLM2's 121 products (the head
+# included), 2 threads, medians of 3 alternating rounds: 12 rows 17.7 ms in `_rows` against 24.0,
+# 16 rows 23.6 both, 24 rows 37.4 against 35.0, 32 rows 52.4 against 40.3. Whole batched decode
+# steps (forward_batch, context 128): batch 16 523-547 tok/s against 332-337 with 8 here, batch 32
+# 500-518 against 459-468 (the dense path's copies cost more inside a step than alone), so a
+# prefill of 17+ tokens keeps the tiles while a batch of up to 16 sequences runs `_rows`.
+ROWS_UP_TO = 16
 TILE_OUTPUTS = 6  # output rows a `_tiles` task dequantises (tiles.OUTPUTS)
-# From this many rows (a prefill), a matrix of at most DENSE_UP_TO_WEIGHTS weights is dequantised
+# From this many rows (a prefill; never fewer than ROWS_UP_TO + 1), a matrix of at most DENSE_UP_TO_WEIGHTS weights is dequantised
 # whole into float32 and multiplied by tiles.py's product; a larger one (the 28M-weight head over
 # every row) runs `_tiles` without the copy. SmolLM2, 2 threads (medians of 15): 100 tokens 0.109 s
 # in `_tiles`, 0.1055 dense, f32 0.1023.
-DENSE_FROM_ROWS = 16
+DENSE_FROM_ROWS = ROWS_UP_TO + 1
 DENSE_UP_TO_WEIGHTS = 1 << 22
 _scratch = threading.local()  # _dense_scratch's buffer, one per thread
 
