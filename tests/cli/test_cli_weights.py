@@ -32,6 +32,31 @@ def test_one_stream_default_is_q4_1_only_with_the_fast_kernels(monkeypatch):
     assert registry.one_stream_weights() == registry.DEFAULT_WEIGHTS == "f32"
 
 
+def test_serve_defaults_to_q4_1_up_to_16_running_requests(monkeypatch):
+    from tinydecoder.checkpoint import registry
+    from tinydecoder.fast.compiled import jit
+
+    monkeypatch.setattr(jit, "available", lambda: True)
+    assert registry.serve_weights(1) == registry.serve_weights(registry.SERVE_Q4_1_UP_TO_BATCH) == "q4_1"
+    assert registry.serve_weights(registry.SERVE_Q4_1_UP_TO_BATCH + 1) == "f32"
+    monkeypatch.setattr(jit, "available", lambda: False)
+    assert registry.serve_weights(1) == "f32"
+
+
+def test_serve_command_passes_the_weights_it_chose(monkeypatch):
+    server = pytest.importorskip("tinydecoder.server")
+    from tinydecoder.checkpoint import registry
+
+    calls = []
+    monkeypatch.setattr(server, "run_server", lambda model, **kw: calls.append((model, kw["weights"])) or 0)
+    monkeypatch.setattr(registry, "one_stream_weights", lambda: "q4_1")  # as where numba runs the fast kernels
+    for extra, want in (([], "q4_1"), (["--max-batch", "17"], "f32"), (["--weights", "f32"], "f32"),
+                        (["--max-batch", "64", "--weights", "q4_1"], "q4_1")):
+        assert cli_main(["serve", "--model", "smollm2", *extra]) == 0
+        assert calls.pop() == ("smollm2", want), extra
+    assert cli_main(["serve", "--model", "toy"]) == 0 and calls.pop() == ("toy", "f32")
+
+
 def test_check_weights_defaults_and_errors():
     assert DEFAULT_WEIGHTS in WEIGHTS == ("f32", "q4_1")
     assert check_weights("smollm2", None) == DEFAULT_WEIGHTS

@@ -11,5 +11,5 @@ pytestmark = pytest.mark.server
 def test_the_cli_server_answers_and_stops_cleanly_on_a_signal(sig):
     code, out = answer_then_stop(sig, "--max-batch", "2", "--kv-blocks", "32")
     assert code == 0, out
-    assert "serving 'toy' on http://127.0.0.1:" in out
+    assert "serving 'toy' on http://127.0.0.1:" in out and "/v1 with f32 weights (Ctrl-C to stop)" in out
     assert f"stopped on {sig.name}; KV blocks in use 0 of 32" in out

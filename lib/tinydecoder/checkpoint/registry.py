@@ -24,16 +24,29 @@ from dataclasses import dataclass
 
 MODEL_NAMES = ("smollm2", "toy")
 WEIGHTS = ("f32", "q4_1")
-# SmolLM2's weights when none are named. One stream (`generate` without --speculative, --beams or
-# --tensor-parallel): ONE_STREAM_WEIGHTS, the file's Q4_1 blocks, whose decode step reads a fifth of
-# the bytes. Anything that runs passes over several rows (serve's batches, speculative checks, beams,
-# bench's targets): DEFAULT_WEIGHTS, float32. Measured by `bench --model smollm2` on a 2-vCPU AMD EPYC
-# Zen 5 VM, December 2026 (five runs): q4_1 decode at context 128 198-229 tokens/s, 2.1-3.1x float32's
-# (the ratio follows float32's speed, that is the machine's bandwidth: 69-104 tokens/s); prefill
-# 0.86-1.00x float32's; but Q4_1's arithmetic grows with the rows: a pass over 8 rows costs ~3.6 of
-# its decode steps (float32: 1.1-1.2) and batch 16 reaches 2.5x batch 1 (float32: 6.2-9.0x).
+# SmolLM2's weights when none are named. Decoding few rows a step (`generate`'s one stream; `serve`
+# with at most SERVE_Q4_1_UP_TO_BATCH requests running): ONE_STREAM_WEIGHTS, the file's Q4_1 blocks,
+# whose decode step reads a fifth of the bytes. Passes over many rows of one sequence (generate's
+# --speculative and --beams), float32 shards (--tensor-parallel) and bench's main table (its targets
+# are float32's): DEFAULT_WEIGHTS. Measured on a 2-vCPU AMD EPYC Zen 5 VM, December 2026: `bench
+# --model smollm2` q4_1 decode at context 128 198-241 tokens/s, 2.1-3.1x float32's (the ratio follows
+# float32's bandwidth-bound speed, 69-106 tokens/s); a pass over 8 rows ~3.4-4.0 of q4_1's steps
+# (float32's: 1.1-1.7), above its arithmetic floor of ~2 (perf.weights_bench.pass_floor). serve's
+# engine (token budget 80, 16 running, chunks of 64; 48-token prompts, 48 new tokens each; medians of
+# 3 alternating runs): 1 request q4_1 186 tokens/s against f32 65, 4 requests 264 against 166, 16
+# requests 302 against 312.
 DEFAULT_WEIGHTS = "f32"
 ONE_STREAM_WEIGHTS = "q4_1"
+
+
+SERVE_Q4_1_UP_TO_BATCH = 16
+
+
+def serve_weights(max_batch: int) -> str:
+    """serve's default: one_stream_weights() while at most SERVE_Q4_1_UP_TO_BATCH requests run at
+    once (as fast as float32 at 16, faster below; a fifth of the memory), else DEFAULT_WEIGHTS (more
+    rows a step, where float32's arithmetic is cheaper)."""
+    return one_stream_weights() if max_batch <= SERVE_Q4_1_UP_TO_BATCH else DEFAULT_WEIGHTS
 
 
 def one_stream_weights() -> str:

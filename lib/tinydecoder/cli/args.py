@@ -3,7 +3,14 @@ from __future__ import annotations
 
 import argparse
 
-from ..checkpoint.registry import DEFAULT_WEIGHTS, MODEL_NAMES, ONE_STREAM_WEIGHTS, WEIGHTS, toy_prompt_ids
+from ..checkpoint.registry import (
+    DEFAULT_WEIGHTS,
+    MODEL_NAMES,
+    ONE_STREAM_WEIGHTS,
+    SERVE_Q4_1_UP_TO_BATCH,
+    WEIGHTS,
+    toy_prompt_ids,
+)
 
 
 def positive_int_arg(text: str) -> int:
@@ -35,17 +42,20 @@ def add_model_argument(parser, default: str, help: str) -> None:
     parser.add_argument("--model", choices=MODEL_NAMES, default=default, help=help)
 
 
-def add_weights_argument(parser, one_stream: bool = False) -> None:
-    """--weights f32|q4_1: how SmolLM2's matrices are held (checkpoint.registry's DEFAULT_WEIGHTS;
-    one_stream: generate's, ONE_STREAM_WEIGHTS for one stream)."""
-    default = (f"default {ONE_STREAM_WEIGHTS} for one stream (its decode reads a fifth of the bytes; {DEFAULT_WEIGHTS} "
-               f"without numba), {DEFAULT_WEIGHTS} with --speculative, --beams or --tensor-parallel (passes over several "
-               "rows, where float32 is faster)"
-               if one_stream else f"default {DEFAULT_WEIGHTS} (this command runs passes over several rows, where "
-               "float32 is faster; q4_1 decodes one stream faster)")
+def add_weights_argument(parser, default: str = "bench") -> None:
+    """--weights f32|q4_1: how SmolLM2's matrices are held; `default` names the command whose
+    default the help states (checkpoint.registry: generate's one stream, serve's batches, bench's)."""
+    fast = f"{ONE_STREAM_WEIGHTS} ({DEFAULT_WEIGHTS} without numba)"
+    defaults = {
+        "generate": f"default {fast} for one stream (its decode reads a fifth of the bytes), {DEFAULT_WEIGHTS} with "
+                    "--speculative, --beams or --tensor-parallel (passes over several rows, where float32 is faster)",
+        "serve": f"default {fast} up to --max-batch {SERVE_Q4_1_UP_TO_BATCH} (as fast at 16 requests, faster below, a "
+                 f"fifth of the memory), {DEFAULT_WEIGHTS} above",
+        "bench": f"default {DEFAULT_WEIGHTS} for the main table (its targets are float32's); the weights section "
+                 "measures both"}
     parser.add_argument("--weights", choices=WEIGHTS, default=None,
                         help="SmolLM2's weights: f32 (float32) or q4_1 (the GGUF file's Q4_1 blocks read in place; "
-                             f"the same greedy tokens in our tests); {default}; the toy has f32 only")
+                             f"the same greedy tokens in our tests); {defaults[default]}; the toy has f32 only")
 
 
 def toy_prompt(args) -> list:

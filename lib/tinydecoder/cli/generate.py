@@ -25,7 +25,7 @@ def add_parser(subparsers) -> None:
                                 description="Stream a continuation of --prompt, greedy unless a temperature, top-k "
                                             "or top-p is given.")
     add_model_argument(gen, "smollm2", "smollm2: the real model (default); toy: the worked example's decoder, prompt = token ids")
-    add_weights_argument(gen, one_stream=True)  # --weights f32|q4_1
+    add_weights_argument(gen, "generate")  # --weights f32|q4_1
     gen.add_argument("--prompt", required=True, help="the text to continue (toy: ids such as \"0 1 2 3\")")
     gen.add_argument("--chat", action="store_true",
                      help="wrap the prompt in the chat template as a user message; stop at <|im_end|>")

@@ -30,10 +30,14 @@ def run_server(model: str = "smollm2", *, host: str = "127.0.0.1", port: int = 8
                weights: str | None = None, **engine_options) -> int:
     """Serve in the foreground until SIGINT or SIGTERM; returns 0 after a clean shutdown.
     weights: SmolLM2's "f32" or "q4_1" (None: checkpoint.registry's default)."""
+    from ..checkpoint.registry import check_weights
+
+    weights = check_weights(model, weights)
     served = served_model(model, weights)
     app = create_app(served, api_key=api_key, **engine_options)
     server = uvicorn.Server(_config(app, host, port))
-    print(f"tinydecoder: serving {served.name!r} on http://{host}:{port}/v1 (Ctrl-C to stop)", flush=True)
+    print(f"tinydecoder: serving {served.name!r} on http://{host}:{port}/v1 with {weights} weights (Ctrl-C to stop)",
+          flush=True)
     received = []
     # uvicorn turns SIGINT/SIGTERM into a graceful shutdown, then re-raises the signal to the handler
     # that was there before; these record it, so the process ends with status 0 after a clean stop
