@@ -37,15 +37,13 @@ WEIGHTS = ("f32", "q4_1")
 # requests 302 against 312.
 DEFAULT_WEIGHTS = "f32"
 ONE_STREAM_WEIGHTS = "q4_1"
-
-
 SERVE_Q4_1_UP_TO_BATCH = 16
 
 
 def serve_weights(max_batch: int) -> str:
     """serve's default: one_stream_weights() while at most SERVE_Q4_1_UP_TO_BATCH requests run at
     once (as fast as float32 at 16, faster below; a fifth of the memory), else DEFAULT_WEIGHTS (more
-    rows a step, where float32's arithmetic is cheaper)."""
+    rows a step, bound by arithmetic, which float32's register tiles run faster than decoding blocks)."""
     return one_stream_weights() if max_batch <= SERVE_Q4_1_UP_TO_BATCH else DEFAULT_WEIGHTS
 
 
