@@ -63,8 +63,8 @@ class TraceRecorder:
 
     def complete(self, name, start, end, pid, tid, cat, **args) -> None:
         """An "X" event from clock reading `start` to `end`."""
-        self._add({"name": name, "cat": cat, "ph": "X", "ts": self.us(start), "dur": max(0.0, self.us(end) - self.us(start)),
-                   "pid": pid, "tid": tid, "args": args})
+        ts, dur = self.us(start), max(0.0, round(self.us(end) - self.us(start), 3))
+        self._add({"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args})
 
     def instant(self, name, at, pid, tid, cat, **args) -> None:
         self._add({"name": name, "cat": cat, "ph": "i", "s": "t", "ts": self.us(at), "pid": pid, "tid": tid,
