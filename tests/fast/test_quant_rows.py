@@ -150,7 +150,7 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
     """quant_dots' kernels, each compiled both ways whatever this machine picks (TABLE): blocks
     converted to floats, or Q4_1 weights picked from a table of 16 (AVX-512 only); R input rows
     against one output row (make_dots: 1-4 rows, UNROLL blocks in flight and a tail) and 1-4 input
-    rows against OUTPUTS output rows (make_outputs), on distinct random blocks."""
+    rows and 8 against OUTPUTS output rows (make_outputs), on distinct random blocks."""
     from tinydecoder.fast.compiled import quant_dots as qd
 
     if table and (kind != "Q4_1" or not qd.has_avx512()):
@@ -161,8 +161,8 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
     O = qd.OUTPUTS
     raw = random_blocks(rng, O, K, kind)
     W = gguf_weights(raw, kind, K).astype(np.float64)  # [O, K]
-    x = rng.standard_normal((4, K)).astype(np.float32)
-    sx = x.reshape(4, -1, 32).sum(axis=2, dtype=np.float32)
+    x = rng.standard_normal((8, K)).astype(np.float32)
+    sx = x.reshape(8, -1, 32).sum(axis=2, dtype=np.float32)
     flat = raw.reshape(-1)
     def compile_(intrinsic):  # a compiled function that calls the intrinsic at offsets 0
         return numba.njit(lambda raw, x, K, sx, acc: intrinsic(raw, 0, x, 0, K, sx, 0, acc))
@@ -174,7 +174,7 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
         got = acc[:, :32].astype(np.float64).sum(axis=1) + acc[:, 32]
         err = np.abs(got - x[:R].astype(np.float64) @ W[0])
         assert (err <= bound(x[:R], raw[:1], kind, K)[:, 0]).all(), (R, err)
-    for R in (1, 2, 3, 4):
+    for R in (1, 2, 3, 4, 8):
         outputs = compile_(qd.make_outputs(kind, O, table, R))
         acc = np.full(O * R, np.nan, np.float32)
         outputs(flat, x, K, sx, acc)

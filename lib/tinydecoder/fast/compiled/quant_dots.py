@@ -317,9 +317,15 @@ OUTPUTS = 4  # output rows per call of the `outputs` kernels below
 PREFETCH_BYTES = 8192  # how far ahead of the blocks it reads an `outputs` or `dots` kernel asks the memory for more
 # Blocks in flight in an `outputs` kernel, by input rows (as UNROLL; 3 divides SmolLM2's 18 and 48
 # blocks a row; with more rows, each block has more sums to keep the adders busy).
-OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1}
-q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4 = (make_outputs("Q4_1", OUTPUTS, TABLE, R) for R in (1, 2, 3, 4))
-q80_outputs1, q80_outputs2, q80_outputs3, q80_outputs4 = (make_outputs("Q8_0", OUTPUTS, False, R) for R in (1, 2, 3, 4))
+OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1, 8: 1}
+q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4, q41_outputs8 = (make_outputs("Q4_1", OUTPUTS, TABLE, R)
+                                                                         for R in (1, 2, 3, 4, 8))
+q80_outputs1, q80_outputs2, q80_outputs3, q80_outputs4, q80_outputs8 = (make_outputs("Q8_0", OUTPUTS, False, R)
+                                                                         for R in (1, 2, 3, 4, 8))
+# Input rows an `outputs` call takes while that many are left (quant_rows._rows; fewer: 1-4 a call).
+# 8 decodes each block once for 16 fused multiply-adds a row pair, with 8 x 32 lane sums: AVX-512's 32
+# vector registers hold them; x86's 16 of AVX2 would not, so there it stays 4.
+ROWS_A_CALL = 8 if TABLE else 4
 q41_dots1, q41_dots2, q41_dots3, q41_dots4 = (make_dots("Q4_1", R, TABLE) for R in (1, 2, 3, 4))
 q80_dots1, q80_dots2, q80_dots3, q80_dots4 = (make_dots("Q8_0", R) for R in (1, 2, 3, 4))
 

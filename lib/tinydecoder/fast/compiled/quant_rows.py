@@ -25,17 +25,18 @@ columns `cols` (which undoes llama.cpp's Q/K row order); `.T[ids]` dequantises e
 
 Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. Up to
 ROWS_UP_TO rows (a decode step, a speculative check, a small batch), `_rows`: quant_dots'
-`outputs` kernels take OUTPUTS output rows a call against up to 4 input rows, read in
-the file's order with the memory asked for PREFETCH_BYTES ahead, each block decoded once for the
-input rows, several blocks' sums in flight, each output summed in registers; the few rows left
-run `dots`, one output row a call. More rows (a prefill), `_tiles`: each task dequantises 6 output
+`outputs` kernels take OUTPUTS output rows a call against ROWS_A_CALL input rows (8 with AVX-512)
+or the 1-4 left, read in the file's order with the memory asked for PREFETCH_BYTES ahead, each
+block decoded once for the input rows, several blocks' sums in flight, each output summed in
+registers; the few output rows left run `dots`, one a call. More rows (a prefill), `_tiles`: each task dequantises 6 output
 rows into a small float32 buffer and runs tiles.py's register tile over them; from DENSE_FROM_ROWS
 rows a matrix is dequantised whole (`_dequantize_all`) for tiles.py's own product.
 
 Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, one input row, Q4_1
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
-head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`. Several rows stay arithmetic-bound (8
+head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77 in one
+of 8. Several rows stay arithmetic-bound (8
 rows ~3.4-3.9 decode steps, against perf.weights_bench.pass_floor's ~2); prefill 0.86-1.00x
 float32's speed. (ROWS_UP_TO's comment has the measurements behind it.)
 """
@@ -67,13 +68,15 @@ _scratch = threading.local()  # _dense_scratch's buffer, one per thread
 prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_dots.q41_dequant",
           "compiled.quant_dots.q80_dequant",
-          *(f"compiled.quant_dots.q{t}_outputs{R}" for t in ("41", "80") for R in (1, 2, 3, 4)), "_outputs",
+          *(f"compiled.quant_dots.q{t}_outputs{R}" for t in ("41", "80") for R in (1, 2, 3, 4, 8)), "_outputs",
+          "compiled.quant_dots.ROWS_A_CALL",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by jit.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by jit.compiled
 q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
-q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = None
-q80_outputs1 = q80_outputs2 = q80_outputs3 = q80_outputs4 = None
+q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = q41_outputs8 = None
+q80_outputs1 = q80_outputs2 = q80_outputs3 = q80_outputs4 = q80_outputs8 = None
+ROWS_A_CALL = 4  # quant_dots.ROWS_A_CALL (8 where the CPU has AVX-512), bound by jit.compiled
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
 
 
@@ -162,15 +165,15 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
         _block_sums(x, sx)
     for t in prange(threads):
         acc = np.empty((4, 33), np.float32)
-        acc_o = np.empty(4 * OUTPUTS, np.float32)
+        acc_o = np.empty(8 * OUTPUTS, np.float32)
         for p in range(len(raws)):
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
             n0, n1 = t * N // threads, (t + 1) * N // threads
-            while n0 + OUTPUTS <= n1:  # OUTPUTS output rows a call against up to 4 input rows, summed in registers
+            while n0 + OUTPUTS <= n1:  # OUTPUTS output rows a call against ROWS_A_CALL or 1-4 input rows, summed in registers
                 m0 = 0
                 while m0 < M:  # the next input rows against the same blocks, now in cache
-                    R = min(4, M - m0)
+                    R = ROWS_A_CALL if M - m0 >= ROWS_A_CALL else min(4, M - m0)
                     _outputs(q4_1, R, raw, n0 * row_bytes, x, m0 * K, K, sx, m0 * nb, acc_o)
                     for o in range(OUTPUTS):
                         for r in range(R):
@@ -191,9 +194,11 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
 
 
 def _outputs(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
-    """quant_dots' `outputs` intrinsic for the block type and R (1-4) input rows."""
+    """quant_dots' `outputs` intrinsic for the block type and R (1-4, or 8) input rows."""
     if not q4_1:
-        if R == 4:
+        if R == 8:
+            q80_outputs8(raw, w_start, x, x_start, K, sx, sx_start, acc)
+        elif R == 4:
             q80_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
         elif R == 3:
             q80_outputs3(raw, w_start, x, x_start, K, sx, sx_start, acc)
@@ -201,6 +206,8 @@ def _outputs(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma
             q80_outputs2(raw, w_start, x, x_start, K, sx, sx_start, acc)
         else:
             q80_outputs1(raw, w_start, x, x_start, K, sx, sx_start, acc)
+    elif R == 8:
+        q41_outputs8(raw, w_start, x, x_start, K, sx, sx_start, acc)
     elif R == 4:
         q41_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
     elif R == 3:
