@@ -197,12 +197,17 @@ def _blocks_intrinsic(emit):
     return kernel
 
 
+def _block_bytes(kind: str, table: bool) -> int:
+    """The bytes of a `kind` block, once `table` is known to apply to it (Q4_1 only)."""
+    if table and kind != "Q4_1":
+        raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
+    return BLOCK_BYTES[kind]
+
+
 def make_dots(kind: str, R: int, table: bool = False):
     """The intrinsic for `kind` blocks ("Q4_1" or "Q8_0") against R input rows (module docstring);
     table: Q4_1 by table (needs AVX-512)."""
-    block_bytes = BLOCK_BYTES[kind]
-    if table and kind != "Q4_1":
-        raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
+    block_bytes = _block_bytes(kind, table)
 
     def emit(builder, a: _Args) -> None:
         raw_p, x_p, s_p, acc_p, K_, nb = a
@@ -261,9 +266,7 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
     30 MB head ran at a third of the speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums
     in flight, and each sum is added up in registers: no call, no store and reload per output row,
     which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block."""
-    block_bytes = BLOCK_BYTES[kind]
-    if table and kind != "Q4_1":
-        raise ValueError(f"only Q4_1 blocks are read by table, not {kind}")
+    block_bytes = _block_bytes(kind, table)
 
     def emit(builder, a: _Args) -> None:
         raw_p, x_p, s_p, acc_p, K_, nb = a
