@@ -28,17 +28,17 @@ ROWS_UP_TO rows (a decode step, a speculative check, a small batch), `_rows`: qu
 `outputs` kernels take OUTPUTS output rows a call against ROWS_A_CALL input rows (8 with AVX-512)
 or the 1-4 left, read in the file's order with the memory asked for PREFETCH_BYTES ahead, each
 block decoded once for the input rows, several blocks' sums in flight, each output summed in
-registers; the few output rows left run `dots`, one a call. More rows (a prefill), `_tiles`: each task dequantises 6 output
-rows into a small float32 buffer and runs tiles.py's register tile over them; from DENSE_FROM_ROWS
-rows a matrix is dequantised whole (`_dequantize_all`) for tiles.py's own product.
+registers; the few output rows left run `dots`, one a call. More rows (a prefill), `_tiles`: each
+task dequantises 6 output rows into a small float32 buffer and runs tiles.py's register tile over
+them; from DENSE_FROM_ROWS rows a matrix is dequantised whole (`_dequantize_all`) for tiles.py's
+own product.
 
 Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, one input row, Q4_1
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
-head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77 in one
-of 8. Several rows stay arithmetic-bound (8
-rows ~3.4-3.9 decode steps, against perf.weights_bench.pass_floor's ~2); prefill 0.86-1.00x
-float32's speed. (ROWS_UP_TO's comment has the measurements behind it.)
+head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77
+in one of 8. Several rows stay arithmetic-bound (8 rows ~3.3-3.6 decode steps, against
+perf.weights_bench.pass_floor's ~2); prefill 0.84-1.09x float32's speed across bench runs.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # no
 # prefill of 17+ tokens keeps the tiles while a batch of up to 16 sequences runs `_rows`.
 ROWS_UP_TO = 16
 TILE_OUTPUTS = 6  # output rows a `_tiles` task dequantises (tiles.OUTPUTS)
-# From this many rows (a prefill; never fewer than ROWS_UP_TO + 1), a matrix of at most DENSE_UP_TO_WEIGHTS weights is dequantised
+# From this many rows (a prefill), a matrix of at most DENSE_UP_TO_WEIGHTS weights is dequantised
 # whole into float32 and multiplied by tiles.py's product; a larger one (the 28M-weight head over
 # every row) runs `_tiles` without the copy. SmolLM2, 2 threads (medians of 15): 100 tokens 0.109 s
 # in `_tiles`, 0.1055 dense, f32 0.1023.
@@ -170,7 +170,7 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
             n0, n1 = t * N // threads, (t + 1) * N // threads
-            while n0 + OUTPUTS <= n1:  # OUTPUTS output rows a call against ROWS_A_CALL or 1-4 input rows, summed in registers
+            while n0 + OUTPUTS <= n1:  # OUTPUTS output rows a call, against ROWS_A_CALL or 1-4 input rows
                 m0 = 0
                 while m0 < M:  # the next input rows against the same blocks, now in cache
                     R = ROWS_A_CALL if M - m0 >= ROWS_A_CALL else min(4, M - m0)
