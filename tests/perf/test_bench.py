@@ -123,9 +123,11 @@ def test_speed_functions_report_rates_of_the_median_timed_call(monkeypatch):
     p = prefill_speed(model, 16, repeat=3)
     assert p["seconds"] == 0.3 and p["tokens_per_second"] == pytest.approx(16 / 0.3)
     assert p["gflops"] == pytest.approx(flops / 0.3 / 1e9) and flops > 0
-    d = decode_speed(model, [8, 4], steps=3)
+    d = decode_speed(model, [8, 4], steps=3, burst=1)
     assert list(d) == [4, 8] and all(v["seconds"] == 0.3 and v["tokens_per_second"] == pytest.approx(1 / 0.3)
                                      for v in d.values())
+    d = decode_speed(model, [4], steps=3, burst=3)  # a sample is 3 steps: its time / 3 is a step's
+    assert d[4]["seconds"] == pytest.approx(0.1) and d[4]["tokens_per_second"] == pytest.approx(10.0)
     rows = batch_decode_speed(model, (1, 3), context=8, steps=3, bandwidth_gbps=10.0, peak_gflops=50.0)
     assert [r["batch"] for r in rows] == [1, 3]
     assert [r["tokens_per_second"] for r in rows] == [pytest.approx(1 / 0.3), pytest.approx(3 / 0.3)]
@@ -233,7 +235,7 @@ def test_decode_roof_fraction_pairs_each_step_with_a_probe(toy, monkeypatch):
     step_times = iter([0.5, 0.25, 0.5, 0.125])  # warm-up, then 3 timed steps
     probes = iter([99.0, 4.0, 2.0, 8.0])  # GB/s, the first before the warm-up
     monkeypatch.setattr(bench, "run_times", _fake_run_times(step_times))
-    out = bench.decode_speed(toy, [4], steps=3, probe=lambda: next(probes))[4]
+    out = bench.decode_speed(toy, [4], steps=3, probe=lambda: next(probes), burst=1)[4]
     step_bytes = bench.decode_step_bytes(toy, 4)
     pairs = [step_bytes / t / (g * 1e9) for t, g in ((0.25, 4.0), (0.5, 2.0), (0.125, 8.0))]
     assert out["roof_fraction"] == pytest.approx(float(np.median(pairs)))
@@ -462,3 +464,25 @@ def test_batch_sizes_take_turns_one_step_each_per_round(monkeypatch):
     assert [b for b, _ in calls] == [1, 2, 4] * 3  # a warm-up round, then 2 timed rounds
     assert all(n == 8 for _, n in calls)  # every step ran after exactly 8 positions: rolled back each time
     assert len(cache) == 8 and [r["batch"] for r in rows] == [1, 2, 4]
+
+
+def test_decode_speed_times_bursts_of_steps_after_each_probe(toy, monkeypatch):
+    """A sample is `burst` steps back to back after one probe, each step from the same context
+    (the cache is cut back after every step), and a step's time is the sample's over `burst`."""
+    import tinydecoder.perf.bench as bench
+
+    seen, probes = [], []
+    forward, forward_batch = bench.forward_of("fast")
+
+    def counting(model, ids, cache, last_only=False):
+        seen.append((len(probes), len(cache)))
+        return forward(model, ids, cache, last_only=last_only)
+
+    monkeypatch.setitem(bench.PATHS, "fast", (counting, forward_batch))
+    monkeypatch.setattr(bench, "run_times", _fake_run_times(iter([9.0, 0.9, 0.6])))  # warm-up, 2 timed
+    out = bench.decode_speed(toy, [4], steps=2, probe=lambda: probes.append(1) or 5.0, burst=3)[4]
+    assert seen == [(p, 4) for p in (1, 2, 3) for _ in range(3)]  # 3 steps after each of 3 probes, at context 4
+    assert out["seconds"] == pytest.approx(0.25) and out["tokens_per_second"] == pytest.approx(4.0)
+    for bad in (0, 1.5, "2"):
+        with pytest.raises(ValueError, match="burst"):
+            bench.decode_speed(toy, [4], steps=1, burst=bad)

@@ -11,8 +11,8 @@ weight for many rows, so their intensity grows with the number of rows.
 
 The roofs and timers are in `machine.py` (re-exported here). The roofs are the fastest of a few
 runs (what the machine can do); the model's speeds are medians (a typical run). A share of a
-roof pairs each timed run with a probe run just before it (a decode step with the bandwidth
-probe, a prefill with the matmul probe), since a shared machine's roofs move from second to
+roof pairs each timed run with a probe run just before it (DECODE_BURST decode steps with the
+bandwidth probe, a prefill with the matmul probe), since a shared machine's roofs move from second to
 second. Nothing here asserts a speed.
 """
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 from .. import fast
 from ..core import reference
 from ..core.model import Model
+from ..core.validate import is_int
 from .bench_rows import bench_tokens, cache_copy, prefilled_cache  # noqa: F401 - also bench.* (notebook 11, tests)
 from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.* by notebook 11
     H100_SXM,
@@ -47,6 +48,11 @@ from .roofline import BATCH_SIZES, decode_trace, predicted_seconds, traced
 # runs: a shared machine's drift moves them most. (Zen 3, December 2026: the free-text speculative
 # ratio ranged 0.93-1.03 over 11 bench runs with 9, 0.93-0.99 over 4 with 5, same kernels.)
 MOVING_REPEAT = 9
+# decode_speed times this many decode steps run back to back as one sample (its time / DECODE_BURST is
+# a step's), each sample after its bandwidth probe. A step right after the probe's 268 MB is slower than
+# the steps that follow it, as generate runs them: SmolLM2's Q4_1 step 4.33 ms first, 3.78 ms back to
+# back; float32's 13.20 and 13.04 (2 vCPUs of an AMD EPYC Zen 5, December 2026, medians of 25).
+DECODE_BURST = 4
 # What is timed: "fast" (tinydecoder.fast; a batch decodes from one BatchKVCache) or "reference"
 # (reference.forward, and reference.forward_batch: one sequence after another). Traces always use the reference.
 PATHS = {"fast": (fast.forward, fast.forward_batch), "reference": (reference.forward, reference.forward_batch)}
@@ -79,31 +85,41 @@ def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str =
     return out
 
 
-def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str = "fast", probe=None) -> dict:
+def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str = "fast", probe=None,
+                 burst: int = None) -> dict:
     """Decode tokens/s of one sequence after each context length in `contexts`: the longest is
     prefilled once, truncated to each length, and every timed step is undone (truncate) so
     each step sees exactly that context (a cache passed in is copied, not changed).
 
-    With a `probe` (from `bandwidth_probe`), every timed step is paired with a bandwidth
-    measurement taken just before it, so that both see the machine in the same state (on a
-    shared machine the bandwidth it gives changes from second to second). Each pair gives the
-    step's share of the bandwidth: (bytes the step reads: weights + K and V of context + 1
-    positions) / step time / that bandwidth; "roof_fraction" is the median over the pairs,
-    "bandwidth_gbps" the median of the probes and "bandwidth_range_gbps" their [min, max] (how
-    much the machine's bandwidth moved during the measurement).
+    A timed sample is `burst` steps run back to back (DECODE_BURST unless given), as generate
+    runs them; its time over `burst` is one step's. With a `probe` (from `bandwidth_probe`),
+    every sample is paired with a bandwidth measurement taken just before it, so that both see
+    the machine in the same state (on a shared machine the bandwidth it gives changes from second
+    to second). Each pair gives a step's share of the bandwidth: (bytes the step reads: weights +
+    K and V of context + 1 positions) / step time / that bandwidth; "roof_fraction" is the median
+    over the pairs, "bandwidth_gbps" the median of the probes and "bandwidth_range_gbps" their
+    [min, max] (how much the machine's bandwidth moved during the measurement).
     -> {context: {"tokens_per_second", "seconds", ["roof_fraction", "bandwidth_gbps",
     "bandwidth_range_gbps"]}}."""
     contexts = sorted((int(c) for c in contexts), reverse=True)  # longest first: truncate only shortens
     cache = prefilled_cache(model, contexts[0]) if cache is None else cache_copy(cache)
     token = bench_tokens(model, 1, seed=2)
     run = forward_of(path)[0]
+    burst = DECODE_BURST if burst is None else burst
+    if not is_int(burst) or burst < 1:
+        raise ValueError(f"burst (decode steps a timed sample) must be an integer >= 1, got {burst!r}")
     out = {}
     for c in contexts:
         cache.truncate(c)
         probes = []
         before = (lambda: probes.append(probe())) if probe is not None else None
-        times = run_times(lambda: run(model, token, cache, last_only=True), steps,
-                          after=lambda: cache.truncate(c), before=before)
+
+        def steps_back_to_back(c=c):
+            for _ in range(burst):
+                run(model, token, cache, last_only=True)
+                cache.truncate(c)
+
+        times = [t / burst for t in run_times(steps_back_to_back, steps, before=before)]
         seconds = float(np.median(times))
         out[c] = {"tokens_per_second": 1.0 / seconds, "seconds": seconds}
         if probe is not None:

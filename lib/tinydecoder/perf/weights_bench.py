@@ -7,8 +7,9 @@ against the GGUF file's own Q4_1 blocks read in place ("q4_1"), for `bench --jso
     weights_targets(section)                                  # q4_1 decode at 128 over f32's; q4_1's passes
 
 A shared machine's speed drifts, so the two never run one after the other as blocks: each round
-times every model's decode steps (`bench.decode_speed`, each step paired with a bandwidth probe)
-and prefills in turn, and the numbers are medians over the rounds. A decode step's bytes are the
+times every model's decode steps (`bench.decode_speed`: bursts of steps run back to back, each
+burst paired with a bandwidth probe) and prefills in turn, and the numbers are medians over the
+rounds. A decode step's bytes are the
 weights as stored (a Q4_1 block: 20 bytes for 32 weights, against float32's 128) and the K and
 V it reads, so q4_1's share of the bandwidth roof shows how far its arithmetic (decoding the
 blocks) keeps it from streaming them. The first model named also gets batched decode
