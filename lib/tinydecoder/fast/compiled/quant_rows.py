@@ -69,7 +69,7 @@ prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_dots.q41_dequant",
           "compiled.quant_dots.q80_dequant",
           *(f"compiled.quant_dots.q{t}_outputs{R}" for t in ("41", "80") for R in (1, 2, 3, 4, 8)), "_outputs",
-          "compiled.quant_dots.ROWS_A_CALL",
+          "compiled.quant_dots.ROWS_A_CALL", "compiled.quant_dots.TABLE",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by jit.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by jit.compiled
@@ -77,6 +77,7 @@ q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
 q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = q41_outputs8 = None
 q80_outputs1 = q80_outputs2 = q80_outputs3 = q80_outputs4 = q80_outputs8 = None
 ROWS_A_CALL = 4  # quant_dots.ROWS_A_CALL (8 where the CPU has AVX-512), bound by jit.compiled
+TABLE = False  # quant_dots.TABLE (Q4_1 blocks by table, where the CPU has AVX-512), bound by jit.compiled
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
 
 
@@ -160,8 +161,9 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
     sums per input row)."""
     M, K = x.shape
     nb = K // 32
-    sx = np.empty((M, nb), np.float32)  # each row's block sums (Q4_1's m term)
-    if q4_1:
+    sums = q4_1 and not TABLE  # by table, a Q4_1 block's m is in its weights
+    sx = np.empty((M if sums else 0, nb), np.float32)  # each row's block sums (Q4_1's m term)
+    if sums:
         _block_sums(x, sx)
     for t in prange(threads):
         acc = np.empty((4, 33), np.float32)
