@@ -51,8 +51,10 @@ MOVING_REPEAT = 9
 # decode_speed times this many decode steps run back to back as one sample (its time / DECODE_BURST is
 # a step's), each sample after its bandwidth probe. A step right after the probe's 268 MB is slower than
 # the steps that follow it, as generate runs them: SmolLM2's Q4_1 step 4.33 ms first, 3.78 ms back to
-# back; float32's 13.20 and 13.04 (2 vCPUs of an AMD EPYC Zen 5, December 2026, medians of 25).
-DECODE_BURST = 4
+# back; float32's 13.20 and 13.04 (2 vCPUs of an AMD EPYC Zen 5, December 2026, medians of 25). In
+# bursts after the probe (one process, two runs): 1 step 4.35-4.44 ms, 4 steps 4.16-4.18, 16 steps
+# 4.00, and 3.99 in a loop of steps alone.
+DECODE_BURST = 16
 # What is timed: "fast" (tinydecoder.fast; a batch decodes from one BatchKVCache) or "reference"
 # (reference.forward, and reference.forward_batch: one sequence after another). Traces always use the reference.
 PATHS = {"fast": (fast.forward, fast.forward_batch), "reference": (reference.forward, reference.forward_batch)}
