@@ -107,3 +107,22 @@ def test_format_weights_lines():
     assert any(line.endswith("f32 a pass over n rows, in its decode steps: 2 rows 1.04") for line in lines)
     assert any("q4_1 batch   4: 300.0 tok/s" in line for line in lines)
     assert wb.format_weights(None) == [] and wb.format_weights({}) == []
+
+
+def test_a_rounds_prefill_is_the_median_of_prefill_repeat_runs(monkeypatch):
+    """Each round's prefill speed is the median of PREFILL_REPEAT timed prefills into fresh caches
+    (a fake clock: the median, not the first or the mean)."""
+    model = twins()[1]
+    ran = []
+
+    def fake_run_times(fn, repeat=5, warmup=1, after=None, before=None):
+        assert warmup == 0
+        for _ in range(repeat):
+            fn()
+            ran.append(1)
+        return [0.5, 0.1, 0.2, 0.4][:repeat]
+
+    monkeypatch.setattr(wb, "run_times", fake_run_times)
+    monkeypatch.setattr(wb, "PREFILL_REPEAT", 3)
+    assert wb._prefill_seconds(model, 6) == pytest.approx(0.2)
+    assert len(ran) == 3
