@@ -12,8 +12,8 @@ weight for many rows, so their intensity grows with the number of rows.
 The roofs and timers are in `machine.py` (re-exported here). The roofs are the fastest of a few
 runs (what the machine can do); the model's speeds are medians (a typical run). A share of a
 roof pairs each timed run with a probe run just before it (DECODE_BURST decode steps with the
-bandwidth probe, a prefill with the matmul probe), since a shared machine's roofs move from second to
-second. Nothing here asserts a speed.
+bandwidth probe, a prefill with the matmul probe), since a shared machine's roofs move from
+second to second. Nothing here asserts a speed.
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def prefill_speed(model: Model, prompt_length: int, repeat: int = 3, path: str =
 
 
 def decode_speed(model: Model, contexts, steps: int = 5, cache=None, path: str = "fast", probe=None,
-                 burst: int = None) -> dict:
+                 burst: int | None = None) -> dict:
     """Decode tokens/s of one sequence after each context length in `contexts`: the longest is
     prefilled once, truncated to each length, and every timed step is undone (truncate) so
     each step sees exactly that context (a cache passed in is copied, not changed).

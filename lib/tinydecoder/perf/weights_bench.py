@@ -9,11 +9,10 @@ against the GGUF file's own Q4_1 blocks read in place ("q4_1"), for `bench --jso
 A shared machine's speed drifts, so the two never run one after the other as blocks: each round
 times every model's decode steps (`bench.decode_speed`: bursts of steps run back to back, each
 burst paired with a bandwidth probe) and prefills in turn, and the numbers are medians over the
-rounds. A decode step's bytes are the
-weights as stored (a Q4_1 block: 20 bytes for 32 weights, against float32's 128) and the K and
-V it reads, so q4_1's share of the bandwidth roof shows how far its arithmetic (decoding the
-blocks) keeps it from streaming them. The first model named also gets batched decode
-(`bench.batch_decode_speed`). Nothing here asserts a speed.
+rounds. A decode step's bytes are the weights as stored (a Q4_1 block: 20 bytes for 32 weights,
+against float32's 128) and the K and V it reads, so q4_1's share of the bandwidth roof shows how
+far its arithmetic (decoding the blocks) keeps it from streaming them. The first model named also
+gets batched decode (`bench.batch_decode_speed`). Nothing here asserts a speed.
 
 Each model's passes over PASS_ROWS rows of one sequence (a speculative check, all rows' logits)
 are costed in that model's own decode steps (`bench_rows.pass_cost`), beside their arithmetic
