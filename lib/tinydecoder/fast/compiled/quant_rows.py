@@ -38,7 +38,8 @@ at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
 head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77
 in one of 8. Several rows stay arithmetic-bound (8 rows ~3.3-3.6 decode steps, against
-perf.weights_bench.pass_floor's ~2); prefill 0.84-1.09x float32's speed across bench runs.
+perf.weights_bench.pass_floor's ~2); prefill 0.97-0.99x float32's, 0.87x while the machine's
+neighbours fill the shared L3 (the dequantised 7 MB scratch then goes to memory; docs/fast_path.md).
 """
 from __future__ import annotations
 
