@@ -12,7 +12,7 @@ from tinydecoder.core import reference
 from tinydecoder.core.model import LayerWeights, Model
 from tinydecoder.fast import forward_pass as fast
 from tinydecoder.fast import fused_quant
-from tinydecoder.fast.compiled import jit, quant_rows
+from tinydecoder.fast.compiled import jit, quant_planes, quant_rows
 from tinydecoder.fast.compiled.quant_rows import QuantMatrix
 
 pytestmark = pytest.mark.skipif(not jit.available(), reason="numba is not installed (the [fast] extra)")
@@ -122,3 +122,22 @@ def test_fits_only_quant_layers_of_few_rows():
     assert fused_quant.fits(model.layers[0], 1) and fused_quant.fits(model.layers[0], rows)
     assert not fused_quant.fits(model.layers[0], rows + 1)
     assert not fused_quant.fits(dequantised(model).layers[0], 1)
+
+
+def test_a_decode_step_reads_q4_1_layers_by_lookup_and_agrees_with_their_blocks(layers_run):
+    model = quant_model(config())
+    ids = tokens(30, seed=4)
+    cache = model.new_cache(40)
+    fast.forward(model, ids[:29], cache)
+    q41 = [w for layer in model.layers for w in (layer.w_qkv, layer.wo, layer.w_gate_up, layer.w_down)
+           if w.kind == "Q4_1"]
+    assert all(w._planes is None for w in q41)  # a prefill does not ask for planes
+    for w in q41:
+        w._planes = False  # as where planes do not apply: the file's blocks
+    by_blocks = fast.forward(model, ids[29:], cache.copy(1))
+    for w in q41:
+        w._planes = None
+    by_lookup = fast.forward(model, ids[29:], cache)
+    assert all(isinstance(w._planes, tuple) == quant_planes.applies(w) for w in q41)
+    assert any(w._planes for w in q41) or not quant_planes.applies(q41[0])
+    np.testing.assert_allclose(by_lookup, by_blocks, rtol=0, atol=1e-5 * np.abs(by_blocks).max())

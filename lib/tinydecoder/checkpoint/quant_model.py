@@ -4,7 +4,9 @@
 keeps each Q4_1 / Q8_0 matrix as a `fast.compiled.quant_rows.QuantMatrix`, a view of the memory-mapped
 file's bytes, and the fast path multiplies by the blocks in place (~100 MB read per decode
 step instead of ~540 MB). The weights are the same numbers: the float32 cache holds exactly the
-dequantised blocks, so the two models differ only by the order of float32 sums.
+dequantised blocks, so the two models differ only by the order of float32 sums. A decode step's
+products read each Q4_1 matrix in bit planes instead (`fast.compiled.quant_planes`: the same
+numbers in another order, 66 MB for SmolLM2's layers, made from the blocks on first use).
 
 Laid out as `weights.py` lays the float32 model: Q, K and V fused into one [D, (Hq + 2Hkv) d]
 matrix and gate and up into one [D, 2F] (here as parts of a QuantMatrix, nothing copied); Q's

@@ -2,9 +2,11 @@
 (`compiled.quant_rows.QuantMatrix`: SmolLM2 loaded with weights="q4_1").
 
 `fused._layer_rows` runs the float32 products; here the same block, statement for statement
-(it inlines fused.py's attention and residual code), runs quant_rows' `_rows` kernel for each of
-the four products: every part of a matrix in one parallel call, each thread a contiguous share
-of each part's output rows (so both cores share every product). Without it, a quantised layer
+(it inlines fused.py's attention and residual code), runs a quantised kernel for each of the four
+products (`_product`: one row of a Q4_1 matrix by quant_planes' lookups over its bit planes where
+they apply, else quant_rows' `_rows` on the file's blocks): every part of a matrix in one
+parallel call, each thread a contiguous share of each part's output rows (so both cores share
+every product). Without it, a quantised layer
 ran `forward_pass._block`: ~15 Python statements and a dozen small numpy calls per layer around
 the same kernels. The numbers are the unfused quantised path's (the same kernels in the same
 order; tests bound the last float32 bits).
@@ -22,12 +24,14 @@ import numpy as np
 
 from ..core.model import Model
 from . import fused
-from .compiled import jit, quant_rows
+from .compiled import jit, quant_planes, quant_rows
 
 prange = range  # numba.prange once compiled (jit.compiled; nothing here runs in parallel itself)
-CALLS = {"forward_pass._rmsnorm_rows": False, "compiled.quant_rows._rows": True, "forward_pass._swiglu_rows": True}
-INLINE = ("fused._attention_rows", "fused._add_rows")  # compiled into _qlayer_rows
-_rmsnorm_rows = _rows = _swiglu_rows = _attention_rows = _add_rows = None  # bound by jit.compiled
+CALLS = {"forward_pass._rmsnorm_rows": False, "compiled.quant_rows._rows": True, "forward_pass._swiglu_rows": True,
+         "compiled.quant_planes._plane_rows": True}
+INLINE = ("fused._attention_rows", "fused._add_rows", "_product")  # compiled into _qlayer_rows
+_rmsnorm_rows = _rows = _swiglu_rows = _plane_rows = _attention_rows = _add_rows = None  # bound by jit.compiled
+_NO_PLANES = np.zeros((0, 1, quant_planes.GROUP_BYTES), np.uint8)  # a part's planes where they are not used
 
 
 def fits(weights, rows: int = 1) -> bool:
@@ -43,7 +47,7 @@ class QuantBlock(NamedTuple):
     blocks, their output columns, and whether it is Q4_1), and the block's constants."""
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
-    qkv: tuple  # (raws, cols, q4_1)
+    qkv: tuple  # (raws, cols, q4_1, planes, by_planes): by_planes, planes' lookups (one row), else raws' blocks
     wo: tuple
     gate_up: tuple
     down: tuple
@@ -53,16 +57,19 @@ class QuantBlock(NamedTuple):
     halves: bool
 
 
-def _kernel_args(w: quant_rows.QuantMatrix) -> tuple:
-    return (w.raws, w.cols, w.kind == "Q4_1")
+def _kernel_args(w: quant_rows.QuantMatrix, rows: int) -> tuple:
+    planes = quant_planes.planes(w) if rows == 1 else None
+    return (w.raws, w.cols, w.kind == "Q4_1", (_NO_PLANES,) * len(w.raws) if planes is None else planes,
+            planes is not None)
 
 
 def layer(model: Model, l: int, x, tables, cache, work: fused.Scratch) -> None:
     """As `fused.layer`: block l for the S rows x [S, D] (in place); their K and V join the cache."""
     cfg, w = model.config, model.layers[l]
     k_cache, v_cache, start = cache.reserve(l, x.shape[0])
-    block = QuantBlock(w.attn_norm, w.ffn_norm, _kernel_args(w.w_qkv), _kernel_args(w.wo),
-                       _kernel_args(w.w_gate_up), _kernel_args(w.w_down), np.float32(cfg.norm_eps), cfg.n_heads,
+    S = x.shape[0]
+    block = QuantBlock(w.attn_norm, w.ffn_norm, _kernel_args(w.w_qkv, S), _kernel_args(w.wo, S),
+                       _kernel_args(w.w_gate_up, S), _kernel_args(w.w_down, S), np.float32(cfg.norm_eps), cfg.n_heads,
                        np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
     jit.compiled(_qlayer_rows, parallel=False)(x, block, tables.cos, tables.sin, k_cache, v_cache, start, work,
                                                jit.threads())
@@ -73,12 +80,20 @@ def _qlayer_rows(x, block, cos, sin, k_cache, v_cache, start, work, threads):  #
     eps, h, proj = block.eps, work.h, work.proj
     qkv, wo, gu, down = block.qkv, block.wo, block.gate_up, block.down
     _rmsnorm_rows(x, block.attn_norm, eps, h)  # [S, D]
-    _rows(h, qkv[0], qkv[1], qkv[2], work.qkv, threads)  # [S, (Hq + 2Hkv) d]
+    _product(h, qkv, work.qkv, threads)  # [S, (Hq + 2Hkv) d]
     _attention_rows(work.qkv, block.n_heads, block.scale, block.halves, cos, sin, k_cache, v_cache, start, work)
-    _rows(work.att, wo[0], wo[1], wo[2], proj, threads)  # [S, D]
+    _product(work.att, wo, proj, threads)  # [S, D]
     _add_rows(x, proj)
     _rmsnorm_rows(x, block.ffn_norm, eps, h)
-    _rows(h, gu[0], gu[1], gu[2], work.gate_up, threads)  # [S, 2F]
+    _product(h, gu, work.gate_up, threads)  # [S, 2F]
     _swiglu_rows(work.gate_up, work.hidden, threads)  # [S, F]
-    _rows(work.hidden, down[0], down[1], down[2], proj, threads)  # [S, D]
+    _product(work.hidden, down, proj, threads)  # [S, D]
     _add_rows(x, proj)
+
+
+def _product(x, matrix, out, threads):  # pragma: no cover - compiled into _qlayer_rows
+    """out = x @ the matrix (`_kernel_args`'s tuple): by its planes' lookups, or from its blocks."""
+    if matrix[4]:
+        _plane_rows(x, matrix[3], matrix[1], out, threads)
+    else:
+        _rows(x, matrix[0], matrix[1], matrix[2], out, threads)

@@ -9,6 +9,8 @@
     llvm                the inner loops the kernels inline, written in LLVM's IR
     quant_rows          rows times the GGUF file's own Q4_1 / Q8_0 blocks, read in place (quant_dots: its loops;
                         quant_matrix: QuantMatrix, such a tensor as a weight, plain numpy)
+    quant_planes        one row times Q4_1 weights laid out in bit planes, by table lookups (a decode step;
+                        plane_dots: its loop)
 
 Each product module (few_rows, tiles, quant_rows) offers the same pair: `rows_times(x, w, out)`,
 which checks its arguments, and `product(x, w, out)`, which does not; `fast.forward_pass.

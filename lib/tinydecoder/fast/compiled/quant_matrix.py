@@ -36,6 +36,7 @@ class QuantMatrix:
             checked.append((raw, cols))
         self.parts, self.kind, self.K, self.transposed = tuple(checked), kind, K, transposed
         self._where_cache = None  # `_where`'s map, made on first use
+        self._planes = None  # quant_planes.planes': the parts in planes, or False where they do not apply
         self.raws, self.cols = tuple(r for r, _ in checked), tuple(c for _, c in checked)  # as the kernels take them
         self.N = sum(len(c) for _, c in checked)
         every = np.sort(np.concatenate([c for _, c in checked])) if checked else np.zeros(0, np.int64)

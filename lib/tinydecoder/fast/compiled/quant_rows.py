@@ -23,8 +23,10 @@ float32). Either way the products equal x @ dequantised(W).T up to the order of 
 `product`); fused tensors (Q, K, V; gate, up) stay views of the file, `parts`, each writing its own
 columns `cols` (which undoes llama.cpp's Q/K row order); `.T[ids]` dequantises embedding rows.
 
-Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. Up to
-ROWS_UP_TO rows (a decode step, a speculative check, a small batch), `_rows`: quant_dots'
+Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. One row
+of a Q4_1 matrix (a decode step) runs quant_planes' lookups where they apply (AVX-512; its planes,
+a second layout of the same 4-bit numbers, made on first use). Up to ROWS_UP_TO rows otherwise (a
+decode step where planes do not apply, a speculative check, a small batch), `_rows`: quant_dots'
 `outputs` kernels take OUTPUTS output rows a call against ROWS_A_CALL input rows (8 with AVX-512)
 or the 1-4 left, read in the file's order with the memory asked for PREFETCH_BYTES ahead, each
 block decoded once for the input rows, several blocks' sums in flight, each output summed in
@@ -47,7 +49,7 @@ import threading
 
 import numpy as np
 
-from . import jit
+from . import jit, quant_planes
 from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # noqa: F401 - this module's interface too
 
 # Up to this many rows: `_rows`; more: `_tiles` or dense. SmolLM2's 121 products (the head
@@ -116,6 +118,9 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     if M == 0:
         return out
     threads = jit.threads()
+    if M == 1 and quant_planes.planes(w) is not None:  # a decode step's row: by lookup (quant_planes)
+        jit.compiled(quant_planes._plane_rows)(x, quant_planes.planes(w), w.cols, out, threads)
+        return out
     if M <= ROWS_UP_TO:
         jit.compiled(_rows)(x, w.raws, w.cols, w.kind == "Q4_1", out, threads)  # every part in one call
         return out

@@ -1,0 +1,132 @@
+"""quant_planes' inner loop in LLVM's IR (a numba intrinsic; this module imports numba): 16 output
+rows of Q4_1 weights, stored as bit planes, against one input row, by table lookups.
+
+    lookup16(planes, p_start, T, sx, nb, acc)
+
+writes acc[0:16] = the dot products of the input row with 16 consecutive output rows, whose nb
+blocks of 32 weights are planes.flat[p_start:] as quant_planes lays them out (GROUP_BYTES a block:
+four planes of 16 words, then the 16 rows' d and their m as float16). T [K/4, 16]: for every 4
+inputs x_4g..x_4g+3, the 16 sums of its subsets (T[g, s] = sum of x_4g+i over the bits i of s);
+sx [K/32]: the input's block sums.
+
+Per block: plane p's word of row r holds, in its nibble j, bit p of the codes of weights 4j..4j+3,
+so x86's vpermps, which reads a lane's low 4 bits as its index, picks from T[8b + j] the sum of
+those of the 4 inputs whose weight has bit p set, for 16 rows at once; the word shifted right 4j
+bits gives nibble j. Summed over j and p with 2^p, that is sum q x for the block: 32 lookups and
+28 shifts for 16 rows' 32 weights, against one table build and two picks per row in
+quant_dots' `outputs`. Then acc += d (sum q x) + m (sum x), in two fused multiply-adds.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .llvm import _prefetch_line
+
+GROUP = 16  # output rows a lookup serves: the 16 lanes of an AVX-512 register
+GROUP_BYTES = 320  # a block of GROUP rows: 4 planes x 16 words (256 bytes), 16 d and 16 m (float16, 64 bytes)
+PREFETCH_BYTES = 8192  # how far ahead of its blocks a lookup asks the memory for more (2,048: 43, 8,192: 50 GB/s)
+
+_F32, _I64, _I32, _I8 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(8)
+_V16, _W16 = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
+_H16 = ir.VectorType(ir.HalfType(), 16)
+
+
+def _splat(builder, value):
+    undef = ir.Constant(_V16, ir.Undefined)
+    one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, undef, ir.Constant(_W16, None))
+
+
+def _pairwise(builder, vectors):
+    """Their sum, added in pairs ((a + b) + (c + d)): half the waiting of a chain."""
+    while len(vectors) > 1:
+        vectors = [builder.fadd(vectors[i], vectors[i + 1]) for i in range(0, len(vectors), 2)]
+    return vectors[0]
+
+
+def _block(builder, base, tb, sxb, total):
+    """One block of the 16 rows (bytes at base; its 8 tables from tb): -> total + d sum(q x) + m sum(x)."""
+    c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    pick = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16, _W16]),
+                                          "llvm.x86.avx512.permvar.sf.512")
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
+    tables = [builder.load(builder.bitcast(builder.gep(tb, [c64(16 * j)]), _V16.as_pointer()), align=4)
+              for j in range(8)]
+    planes = []
+    for p in range(4):
+        word = builder.load(builder.bitcast(builder.gep(base, [c64(64 * p)]), _W16.as_pointer()), align=4)
+        picks = []
+        for j in range(8):
+            index = word if j == 0 else builder.lshr(word, ir.Constant(_W16, [ir.Constant(_I32, 4 * j)] * 16))
+            picks.append(builder.call(pick, [tables[j], index]))
+        planes.append(_pairwise(builder, picks))  # sum over the block's inputs whose weight has bit p
+    two, four = (ir.Constant(_V16, [ir.Constant(_F32, v)] * 16) for v in (2.0, 4.0))
+    low = builder.call(fma, [planes[1], two, planes[0]])  # bits 0-1: p0 + 2 p1
+    high = builder.call(fma, [planes[3], two, planes[2]])  # bits 2-3, over 4: p2 + 2 p3
+    qx = builder.call(fma, [high, four, low])  # sum q x (the powers of two are exact)
+    d, m = (builder.fpext(builder.load(builder.bitcast(builder.gep(base, [c64(at)]), _H16.as_pointer()), align=2), _V16)
+            for at in (256, 288))
+    return builder.call(fma, [m, _splat(builder, sxb), builder.call(fma, [d, qx, total])])
+
+
+@intrinsic
+def lookup16(typingctx, planes, p_start, T, sx, nb, acc):
+    """The 16 rows' dot products (module docstring); compiled code only. planes: C-contiguous
+    uint8; T, sx, acc: C-contiguous float32; 0 < nb = K / 32."""
+    ok = (isinstance(planes, types.Array) and planes.dtype == types.uint8 and planes.layout == "C"
+          and all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (T, sx, acc)))
+    if not ok:
+        return None
+    sig = types.void(planes, p_start, T, sx, nb, acc)
+
+    def codegen(context, builder, signature, args):
+        pa, ta, sa, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 3, 5))
+        p0, nb_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 4))
+        c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        first = builder.gep(builder.bitcast(pa.data, _I8.as_pointer()), [p0])
+        t_p, s_p = (builder.bitcast(a.data, _F32.as_pointer()) for a in (ta, sa))
+        entry = builder.block
+        loop, done = builder.append_basic_block("lookup16.loop"), builder.append_basic_block("lookup16.done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        b, total = builder.phi(_I64), builder.phi(_V16)
+        b.add_incoming(c64(0), entry)
+        total.add_incoming(ir.Constant(_V16, None), entry)
+        base = builder.gep(first, [builder.mul(b, c64(GROUP_BYTES))])
+        for line in range(0, GROUP_BYTES, 64):  # the bytes PREFETCH_BYTES ahead (a prefetch never faults)
+            _prefetch_line(builder, builder.gep(base, [c64(PREFETCH_BYTES + line)]))
+        new = _block(builder, base, builder.gep(t_p, [builder.mul(b, c64(128))]),
+                     builder.load(builder.gep(s_p, [b]), align=4), total)
+        b_next, latch = builder.add(b, c64(1)), builder.block
+        b.add_incoming(b_next, latch)
+        total.add_incoming(new, latch)
+        builder.cbranch(builder.icmp_signed("<", b_next, nb_), loop, done)
+        builder.position_at_end(done)
+        builder.store(new, builder.bitcast(builder.bitcast(aa.data, _F32.as_pointer()), _V16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def prefetch_bytes(typingctx, planes, start, count):
+    """Ask the memory for planes.flat[start : start + count] (uint8; one prefetch per 64-byte line;
+    compiled code only; a prefetch never faults). A thread's share of a matrix starts with it: the
+    lookups' own prefetch runs PREFETCH_BYTES ahead, so without it the first bytes come one miss
+    after another."""
+    if not (isinstance(planes, types.Array) and planes.dtype == types.uint8 and planes.layout == "C"):
+        return None
+    sig = types.void(planes, start, count)
+
+    def codegen(context, builder, signature, args):
+        pa = context.make_array(signature.args[0])(context, builder, args[0])
+        start_, count_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2))
+        first = builder.gep(builder.bitcast(pa.data, _I8.as_pointer()), [start_])
+        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), count_, ir.Constant(_I64, 64), inc=True) as (i, _):
+            _prefetch_line(builder, builder.gep(first, [i]))
+        return context.get_dummy_value()
+
+    return sig, codegen
