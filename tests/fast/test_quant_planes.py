@@ -111,3 +111,19 @@ def test_product_refuses_what_it_does_not_take():
     q41 = QuantMatrix.from_blocks(random_blocks(rng, 32, 64, "Q4_1"), "Q4_1", 64)
     with pytest.raises(ValueError, match="got 2 rows"):
         quant_planes.product(np.zeros((2, 64), np.float32), q41, np.empty((2, 32), np.float32))
+
+
+def test_the_lessons_lookup_is_the_dot_product_and_the_kernels_table():
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 1, 32).astype(np.float32)
+    codes = rng.integers(0, 16, 32)
+    assert quant_planes.plane_index([5, 3, 12, 7], 2) == 0b1101  # bits 2 of 5, 3, 12, 7: 1, 0, 1, 1
+    assert np.isclose(quant_planes.dot_by_lookup(codes, x), float(codes @ x.astype(np.float64)), rtol=0,
+                      atol=64 * np.finfo(np.float32).eps * float(np.abs(codes * x).sum()))
+    table = quant_planes.subset_sums(x[:4])
+    assert table[0] == 0 and table[15] == (x[0] + x[1]) + (x[2] + x[3]) and table[6] == x[1] + x[2]
+    if jit.available():  # the compiled tables are these, bit for bit
+        T, sx = np.empty((8, 16), np.float32), np.empty(1, np.float32)
+        jit._bind(quant_planes.__dict__)
+        quant_planes._tables(x[None], T, sx)
+        assert np.array_equal(T, np.stack([quant_planes.subset_sums(x[k:k + 4]) for k in range(0, 32, 4)]))

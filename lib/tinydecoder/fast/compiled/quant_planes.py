@@ -53,6 +53,33 @@ def applies(w, rows: int = 1) -> bool:
     return TABLE
 
 
+def subset_sums(x4) -> np.ndarray:
+    """The table of 4 inputs: [16] float32, entry s = the sum of x4[i] over the bits i of s (0 for
+    s = 0, x4[0] + x4[1] for s = 3, ...), added as the kernels add them: (x0 or 0) + (x1 or 0), plus
+    (x2 or 0) + (x3 or 0)."""
+    x0, x1, x2, x3 = np.asarray(x4, np.float32)
+    zero = np.float32(0.0)
+    low = np.array([zero, x0, x1, x0 + x1], np.float32)  # s & 3
+    high = np.array([zero, x2, x3, x2 + x3], np.float32)  # s >> 2
+    s = np.arange(16)
+    return low[s & 3] + high[s >> 2]
+
+
+def plane_index(codes4, p: int) -> int:
+    """The table entry that bit p of 4 weights' codes picks: sum_i (bit p of codes4[i]) 2^i."""
+    return int(sum(((int(q) >> p) & 1) << i for i, q in enumerate(codes4)))
+
+
+def dot_by_lookup(codes, x) -> float:
+    """sum_k codes[k] x[k] for codes in 0..15 (a multiple of 4 of them), as the kernel computes it:
+    for each bit p, one lookup per 4 inputs in their table, summed; then sum_p 2^p (per plane)."""
+    codes, x = np.asarray(codes), np.asarray(x, np.float32)
+    tables = [subset_sums(x[k:k + 4]) for k in range(0, len(x), 4)]
+    per_plane = [sum(float(t[plane_index(codes[4 * g:4 * g + 4], p)]) for g, t in enumerate(tables))
+                 for p in range(4)]
+    return sum(2 ** p * s for p, s in enumerate(per_plane))
+
+
 def pack_reference(raw: np.ndarray) -> np.ndarray:
     """A Q4_1 part's rows of blocks [N, K/32 * 20] (N a multiple of 16) in planes: uint8
     [N/16, K/32, GROUP_BYTES] (module docstring). Plain numpy, for reading; `pack` is fast."""
