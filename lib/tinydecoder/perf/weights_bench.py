@@ -10,8 +10,9 @@ A shared machine's speed drifts, so the two never run one after the other as blo
 times every model's decode steps (`bench.decode_speed`: bursts of steps run back to back, each
 burst paired with a bandwidth probe) and prefills in turn, and the numbers are medians over the
 rounds. A decode step's bytes are the weights as stored (a Q4_1 block: 20 bytes for 32 weights,
-against float32's 128) and the K and V it reads, so q4_1's share of the bandwidth roof shows how
-far its arithmetic (decoding the blocks) keeps it from streaming them. The first model named also
+against float32's 128; a decode step's bit planes, quant_planes', are as many bytes) and the K and
+V it reads, so q4_1's share of the bandwidth roof shows how far its arithmetic (turning 4-bit codes
+into products) and its fixed costs a step keep it from streaming them. The first model named also
 gets batched decode (`bench.batch_decode_speed`). Nothing here asserts a speed.
 
 Each model's passes over PASS_ROWS rows of one sequence (a speculative check, all rows' logits)

