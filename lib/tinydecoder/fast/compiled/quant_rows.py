@@ -25,15 +25,15 @@ columns `cols` (which undoes llama.cpp's Q/K row order); `.T[ids]` dequantises e
 
 Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. One row
 of a Q4_1 matrix (a decode step) runs quant_planes' lookups where they apply (AVX-512; its planes,
-a second layout of the same 4-bit numbers, made on first use). Up to ROWS_UP_TO rows otherwise (a
-decode step where planes do not apply, a speculative check, a small batch), `_rows`: quant_dots'
-`outputs` kernels take OUTPUTS output rows a call against ROWS_A_CALL input rows (8 with AVX-512)
-or the 1-4 left, read in the file's order with the memory asked for PREFETCH_BYTES ahead, each
-block decoded once for the input rows, several blocks' sums in flight, each output summed in
-registers; the few output rows left run `dots`, one a call. More rows (a prefill), `_tiles`: each
-task dequantises 6 output rows into a small float32 buffer and runs tiles.py's register tile over
-them; from DENSE_FROM_ROWS rows a matrix is dequantised whole (`_dequantize_all`) for tiles.py's
-own product.
+a second layout of the same 4-bit numbers, made as checkpoint.quant_model loads the model). Up to
+ROWS_UP_TO rows otherwise (a decode step where planes do not apply, a speculative check, a small
+batch), `_rows`: quant_dots' `outputs` kernels take OUTPUTS output rows a call against ROWS_A_CALL
+input rows (8 with AVX-512) or the 1-4 left, read in the file's order with the memory asked for
+PREFETCH_BYTES ahead, each block decoded once for the input rows, several blocks' sums in flight,
+each output summed in registers; the few output rows left run `dots`, one a call. More rows (a
+prefill), `_tiles`: each task dequantises 6 output rows into a small float32 buffer and runs
+tiles.py's register tile over them; from DENSE_FROM_ROWS rows a matrix is dequantised whole
+(`_dequantize_all`) for tiles.py's own product.
 
 Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, one input row, Q4_1
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
