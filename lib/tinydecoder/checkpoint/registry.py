@@ -32,10 +32,10 @@ WEIGHTS = ("f32", "q4_1")
 # --model smollm2` q4_1 decode at context 128 233-267 tokens/s (a step's row by quant_planes'
 # lookups), 2.3-3.7x float32's (the ratio follows float32's bandwidth-bound speed, 71-114 tokens/s);
 # a pass over 8 rows 2.6-3.7 of q4_1's steps (float32's: 1.1-1.7), above its arithmetic floor of
-# ~2.3 (perf.weights_bench.pass_floor). serve's
-# engine (token budget 80, 16 running, chunks of 64; 48-token prompts, 48 new tokens each; medians of
-# 3 alternating runs): 1 request q4_1 186 tokens/s against f32 65, 4 requests 264 against 166, 16
-# requests 302 against 312.
+# ~2.3 (perf.weights_bench.pass_floor). serve's engine (token budget 80, 16 running, chunks of 64;
+# 48-token prompts, 48 new tokens each; medians of 3-4 alternating runs): 1 request q4_1 178 tokens/s
+# against f32 82, 4 requests 243 against 169, 8 296 against 277, 12 305 against 289, 16 304 against
+# 319 (earlier the same day: 302 against 312).
 DEFAULT_WEIGHTS = "f32"
 ONE_STREAM_WEIGHTS = "q4_1"
 SERVE_Q4_1_UP_TO_BATCH = 16
