@@ -8,14 +8,15 @@ from tinydecoder.checkpoint.quant_model import halves_columns
 from tinydecoder.checkpoint.smollm2 import load_smollm2, smollm2_tokenizer
 from tinydecoder.core import reference
 from tinydecoder.decoding.generate import generate
-from tinydecoder.fast.compiled import jit
+from tinydecoder.fast.compiled import jit, quant_planes
 from tinydecoder.fast.compiled.quant_rows import QuantMatrix
 
 needs_model = pytest.mark.smollm2  # skipped without the wheel (tests/conftest.py)
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 NEW_TOKENS = 24
 # Measured: the largest |q4_1 - f32| over these prompts' logits (every step of 24) was 6.9e-5,
-# 8.6e-5 and 8.5e-5 (December 2026, numba on 2 cores); the logits themselves reach 21-31. The
+# 8.6e-5 and 8.5e-5 with the blocks' kernels, 5.1e-5, 8.4e-5 and 5.6e-5 with a decode step's row by
+# quant_planes' lookups (December 2026, numba on 2 cores); the logits themselves reach 21-31. The
 # bound is ~5x that: the two compute the same weights' products in another order of float32 sums.
 LOGIT_BOUND = 4e-4
 
@@ -46,6 +47,10 @@ def test_q4_1_model_is_the_files_blocks():
     assert np.array_equal(q.embed[ids], f.embed[ids])  # the same numbers, bit for bit
     assert np.array_equal(np.asarray(layer.w_qkv[:, 576:768]), f.layers[0].wk)  # K, its rows in HF order
     assert np.array_equal(np.asarray(q.layers[29].w_down), f.layers[29].w_down)
+    if quant_planes.applies(layer.w_qkv):  # a decode step's bit planes, made as the model loads: the same bytes
+        planes = [p for lay in q.layers for w in (lay.w_qkv, lay.wo, lay.w_gate_up, lay.w_down) for p in w._planes]
+        assert sum(p.nbytes for p in planes) == sum(w.nbytes for lay in q.layers
+                                                    for w in (lay.w_qkv, lay.wo, lay.w_gate_up, lay.w_down))
 
 
 @needs_model
