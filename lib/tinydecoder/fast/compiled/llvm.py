@@ -9,7 +9,7 @@ Each is called from compiled code only (a module binds it with jit.compiled's IN
   reduced at the end (`kdots2x4`: few_rows' products for 4 rows).
 - `dots8`: one row against 8 rows (one_query's scores, 8 keys at a time).
 - `transpose8`: an 8 x 8 block transposed in registers (tiles' packing, prefill_attention's layout).
-- `prefetch`: ask the memory for a range of numbers (one_query's keys ahead).
+- `prefetch`: ask the memory for a range of numbers (few_queries' keys ahead; where quant_planes' shares start).
 
 All read and write float32 arrays as flat runs of numbers at offsets the caller gives; the
 modules that call them say what each call computes and what it measured.
@@ -152,17 +152,19 @@ def make_tile(outputs: int, rows: int, locality: int = 3):
 @intrinsic
 def prefetch(typingctx, x, start, count):
     """Ask the memory for x.flat[start : start + count], into L2 (tunables.STREAM_PREFETCH; one
-    prefetch per 64-byte line; compiled code only; x C-contiguous float32; a prefetch never
+    prefetch per 64-byte line; compiled code only; x C-contiguous float32 or uint8; a prefetch never
     faults, so the range may pass the array's end)."""
-    if not (isinstance(x, types.Array) and x.dtype == types.float32 and x.layout == "C"):
+    if not (isinstance(x, types.Array) and x.dtype in (types.float32, types.uint8) and x.layout == "C"):
         return None
     sig = types.void(x, start, count)
+    element = _F32 if x.dtype == types.float32 else ir.IntType(8)
+    per_line = 64 // (4 if x.dtype == types.float32 else 1)
 
     def codegen(context, builder, signature, args):
         xa = context.make_array(signature.args[0])(context, builder, args[0])
         start_, count_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2))
-        first = builder.gep(_floats(builder, xa), [start_])
-        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), count_, ir.Constant(_I64, 16), inc=True) as (i, _):
+        first = builder.gep(builder.bitcast(xa.data, element.as_pointer()), [start_])
+        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), count_, ir.Constant(_I64, per_line), inc=True) as (i, _):
             _prefetch_line(builder, builder.gep(first, [i]), tunables.STREAM_PREFETCH)
         return context.get_dummy_value()
 

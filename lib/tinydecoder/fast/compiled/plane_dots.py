@@ -110,23 +110,3 @@ def lookup16(typingctx, planes, p_start, T, sx, nb, acc):
 
     return sig, codegen
 
-
-@intrinsic
-def prefetch_bytes(typingctx, planes, start, count):
-    """Ask the memory for planes.flat[start : start + count] (uint8; one prefetch per 64-byte line;
-    compiled code only; a prefetch never faults). A thread's share of a matrix starts with it: the
-    lookups' own prefetch runs PREFETCH_BYTES ahead, so without it the first bytes come one miss
-    after another."""
-    if not (isinstance(planes, types.Array) and planes.dtype == types.uint8 and planes.layout == "C"):
-        return None
-    sig = types.void(planes, start, count)
-
-    def codegen(context, builder, signature, args):
-        pa = context.make_array(signature.args[0])(context, builder, args[0])
-        start_, count_ = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 2))
-        first = builder.gep(builder.bitcast(pa.data, _I8.as_pointer()), [start_])
-        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), count_, ir.Constant(_I64, 64), inc=True) as (i, _):
-            _prefetch_line(builder, builder.gep(first, [i]))
-        return context.get_dummy_value()
-
-    return sig, codegen

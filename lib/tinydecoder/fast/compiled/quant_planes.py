@@ -37,8 +37,8 @@ GROUP = 16  # output rows a lookup serves (plane_dots.GROUP)
 GROUP_BYTES = 320  # a block of a group's rows in `pack`'s layout (plane_dots.GROUP_BYTES)
 
 prange = range  # numba.prange once compiled (jit.compiled)
-INLINE = ("_tables", "compiled.plane_dots.lookup16", "compiled.plane_dots.prefetch_bytes", "compiled.plane_dots.PREFETCH_BYTES")
-lookup16 = prefetch_bytes = None  # plane_dots' intrinsics, bound by jit.compiled
+INLINE = ("_tables", "compiled.plane_dots.lookup16", "compiled.llvm.prefetch", "compiled.plane_dots.PREFETCH_BYTES")
+lookup16 = prefetch = None  # plane_dots' and llvm's intrinsics, bound by jit.compiled
 PREFETCH_BYTES = 0  # plane_dots.PREFETCH_BYTES, bound by jit.compiled
 
 
@@ -186,9 +186,9 @@ def _plane_rows(x, planes, colss, out, threads):  # pragma: no cover - runs comp
         acc = np.empty(16, np.float32)
         g0, g1 = t * total // threads, (t + 1) * total // threads
         base = 0
-        for p in range(len(planes)):  # the start of each part's share asked for at once (plane_dots.prefetch_bytes)
-            if max(g0, base) < min(g1, base + planes[p].shape[0]):
-                prefetch_bytes(planes[p], (max(g0, base) - base) * nb * GROUP_BYTES, PREFETCH_BYTES)
+        for p in range(len(planes)):  # the first bytes of each part's share asked for at once, before any
+            if max(g0, base) < min(g1, base + planes[p].shape[0]):  # lookup (the lookups prefetch only ahead)
+                prefetch(planes[p], (max(g0, base) - base) * nb * GROUP_BYTES, PREFETCH_BYTES)
             base += planes[p].shape[0]
         base = 0
         for p in range(len(planes)):
