@@ -137,7 +137,9 @@ def test_a_decode_step_reads_q4_1_layers_by_lookup_and_agrees_with_their_blocks(
     by_blocks = fast.forward(model, ids[29:], cache.copy(1))
     for w in q41:
         w._planes = None
+    layers_run.clear()
     by_lookup = fast.forward(model, ids[29:], cache)
+    assert layers_run == [1] * model.config.n_layers  # each layer one fused call, its products by `_product`
     assert all(isinstance(w._planes, tuple) == quant_planes.applies(w) for w in q41)
     assert any(w._planes for w in q41) or not quant_planes.applies(q41[0])
     np.testing.assert_allclose(by_lookup, by_blocks, rtol=0, atol=1e-5 * np.abs(by_blocks).max())

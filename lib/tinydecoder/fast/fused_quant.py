@@ -6,10 +6,9 @@
 products (`_product`: one row of a Q4_1 matrix by quant_planes' lookups over its bit planes where
 they apply, else quant_rows' `_rows` on the file's blocks): every part of a matrix in one
 parallel call, each thread a contiguous share of each part's output rows (so both cores share
-every product). Without it, a quantised layer
-ran `forward_pass._block`: ~15 Python statements and a dozen small numpy calls per layer around
-the same kernels. The numbers are the unfused quantised path's (the same kernels in the same
-order; tests bound the last float32 bits).
+every product). Without it, a quantised layer ran `forward_pass._block`: ~15 Python statements
+and a dozen small numpy calls per layer around the same kernels. The numbers are the unfused
+quantised path's (the same kernels in the same order; tests bound the last float32 bits).
 
 It applies where `fused.applies` does (a pass over a few rows of one sequence with a KVCache),
 for each layer whose four matrices are QuantMatrix products up to quant_rows.ROWS_UP_TO rows

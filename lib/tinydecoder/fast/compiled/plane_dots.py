@@ -109,4 +109,3 @@ def lookup16(typingctx, planes, p_start, T, sx, nb, acc):
         return context.get_dummy_value()
 
     return sig, codegen
-

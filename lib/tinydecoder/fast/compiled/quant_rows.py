@@ -39,9 +39,10 @@ Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, o
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
 head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77
-in one of 8. Several rows stay arithmetic-bound (8 rows 2.6-3.7 of quant_planes' decode steps, against
-perf.weights_bench.pass_floor's ~2.3); prefill 0.97-0.99x float32's, 0.87x while the machine's
-neighbours fill the shared L3 (the dequantised 7 MB scratch then goes to memory; docs/fast_path.md).
+in one of 8. Several rows stay arithmetic-bound (8 rows 2.6-3.7 of quant_planes' decode steps,
+against perf.weights_bench.pass_floor's ~2.3); prefill 0.97-0.99x float32's, 0.87x while the
+machine's neighbours fill the shared L3 (the dequantised 7 MB scratch then goes to memory;
+docs/fast_path.md).
 """
 from __future__ import annotations
 
@@ -118,8 +119,9 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     if M == 0:
         return out
     threads = jit.threads()
-    if M == 1 and quant_planes.planes(w) is not None:  # a decode step's row: by lookup (quant_planes)
-        jit.compiled(quant_planes._plane_rows)(x, quant_planes.planes(w), w.cols, out, threads)
+    planes = quant_planes.planes(w) if M == 1 else None
+    if planes is not None:  # a decode step's row: by lookup (quant_planes)
+        jit.compiled(quant_planes._plane_rows)(x, planes, w.cols, out, threads)
         return out
     if M <= ROWS_UP_TO:
         jit.compiled(_rows)(x, w.raws, w.cols, w.kind == "Q4_1", out, threads)  # every part in one call
