@@ -112,7 +112,8 @@ WIDE = td.Config(vocab_size=37, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32
 @pytest.mark.parametrize("variant", [qv.Variant(weights="q8_0"), qv.Variant(weights="int4-nogroup"),
                                      qv.Variant(kv="int8"), qv.Variant(kv="int4"), qv.Variant(sinks=2, window=6),
                                      qv.Variant(sinks=2, window=6, piece=3), qv.Variant(experts=8),
-                                     qv.Variant(early_exit=2), qv.Variant(weights="q8_0", kv="int4", early_exit=2)],
+                                     qv.Variant(early_exit=2), qv.Variant(weights="q8_0", kv="int4", early_exit=2),
+                                     qv.Variant(weights="q8_0", piece=3), qv.Variant(experts=8, piece=5)],
                          ids=str)
 def test_every_variant_runs_in_windows_and_moves_away_from_the_reference(variant, text):
     model = td.random_model(WIDE, seed=4, dtype=np.float32, scale=0.5)
@@ -120,6 +121,18 @@ def test_every_variant_runs_in_windows_and_moves_away_from_the_reference(variant
     result = q.score(run, text, 16, 8, reference=qv.reference_runner(model))
     assert not variant.is_reference and len(result.nll) == len(text) - 1
     assert result.mean_kl > 1e-7 and np.isfinite(result.perplexity)
+
+
+def test_pieces_feed_each_window_through_its_cache_as_decoding_does(text):
+    """--piece P: the float32 model fed P tokens per forward gives its prefill's logits up to float32
+    rounding (not the reference itself: its KL is measured), and a piece of 1 runs decode steps."""
+    model = td.random_model(WIDE, seed=4, dtype=np.float32)
+    window = list(text[:24])
+    prefill = qv.build_runner(model, qv.Variant())(window)
+    for piece in (1, 5, 24):
+        assert not qv.Variant(piece=piece).is_reference
+        got = qv.build_runner(model, qv.Variant(piece=piece))(window)
+        assert got.shape == prefill.shape and np.abs(got - prefill).max() < 1e-4 * np.abs(prefill).max()
 
 
 def test_q4_1_runs_the_quantised_model_it_is_given_and_is_compared_with_f32(text):
@@ -144,6 +157,8 @@ def test_q4_1_runs_the_quantised_model_it_is_given_and_is_compared_with_f32(text
     (dict(early_exit=31), "--early-exit must be in 1..30"),
     (dict(kv="int8", window=8), "--kv and --sinks/--window"),
     (dict(experts=4, sinks=4, window=8), "cannot be combined"),
+    (dict(piece=0), "must be an integer >= 1, got 0"),
+    (dict(sinks=2, window=4, piece=5), "--piece must be in 1..window"),
 ])
 def test_a_bad_variant_names_what_is_allowed(variant, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("-", r"\-")):
@@ -158,7 +173,7 @@ def test_a_bad_variant_names_what_is_allowed(variant, message):
     (["--sinks", "4"], "--sinks N needs --window W"),
     (["--experts", "17"], "--experts must be in 1..16"),
     (["--early-exit", "31"], "--early-exit must be in 1..30"),
-    (["--piece", "4"], "--piece applies to the sink cache"),
+    (["--piece", "0"], "--piece (tokens per forward) must be an integer >= 1"),
 ])
 def test_the_command_line_reports_bad_flags_before_loading_anything(argv, message, capsys):
     assert cli.main(["eval", *argv]) == 2
@@ -212,7 +227,7 @@ def test_eval_json_on_smollm2(smollm2, capsys):
             "scored_tokens", "context", "stride", "text", "seconds", "setup_seconds"} <= set(ref)
     assert ref["tokens"] == 100 and ref["scored_tokens"] == 99 and ref["windows"] == 2
     assert ref["variant"] == {"weights": "f32", "kv": None, "sinks": None, "window": None, "experts": None,
-                              "early_exit": None, "piece": 1}
+                              "early_exit": None, "piece": None}
     assert ref["kl_to_reference"] == 0.0 and ref["perplexity"] == ref["reference_perplexity"]
     assert 2 < ref["perplexity"] < 100 and ref["variant"]["weights"] == "f32"
     assert cli.main(argv + ["--kv", "int4"]) == 0
@@ -223,6 +238,10 @@ def test_eval_json_on_smollm2(smollm2, capsys):
     q4 = json.loads(capsys.readouterr().out)
     assert q4["variant"]["weights"] == "q4_1" and 0 <= q4["kl_to_reference"] < 1e-6
     assert q4["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-3)  # within 0.1 %
+    assert cli.main(argv + ["--weights", "q4_1", "--piece", "1"]) == 0  # as decode steps run: its decode kernels
+    q4_decode = json.loads(capsys.readouterr().out)
+    assert q4_decode["variant"]["piece"] == 1 and 0 < q4_decode["kl_to_reference"] < 1e-6
+    assert q4_decode["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-3)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--sinks", type=int, metavar="N", help="StreamingLLM: keep the first N positions ... (needs --window)")
     p.add_argument("--window", type=int, metavar="W", help="... and the last W (alone: a plain sliding window)")
     p.add_argument("--piece", type=int, metavar="P",
-                   help=f"with --window: tokens per forward once the sink cache is full (default {DEFAULT_PIECE}; "
-                        f"1 = exact StreamingLLM, slow)")
+                   help=f"tokens per forward through the cache: with --window, once the sink cache is full (default "
+                        f"{DEFAULT_PIECE}; 1 = exact StreamingLLM, slow); without, instead of one prefill per window "
+                        f"(1 = as decode steps run: prices q4_1's decode kernels)")
     p.add_argument("--experts", type=int, metavar="K", help=f"MoEfication: K of {N_EXPERTS} experts per token (1..16)")
     p.add_argument("--early-exit", type=int, metavar="L", help="only the first L layers, then the norm and head (1..30)")
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
@@ -53,9 +54,7 @@ def add_parser(subparsers) -> None:
 
 
 def variant_from_args(args) -> Variant:
-    if args.piece is not None and args.window is None:
-        raise ValueError("--piece applies to the sink cache: it needs --window W")
-    piece = args.piece if args.piece is not None else min(DEFAULT_PIECE, args.window) if args.window else 1
+    piece = args.piece if args.piece is not None else min(DEFAULT_PIECE, args.window) if args.window else None
     return Variant(weights=args.weights, kv=args.kv, sinks=args.sinks, window=args.window, experts=args.experts,
                    early_exit=args.early_exit, piece=piece).check()
 

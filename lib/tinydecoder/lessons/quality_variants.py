@@ -17,6 +17,9 @@ teaches it (nothing re-implemented here):
 - sinks N + window W: `algorithms.sink_cache.SinkCache` fed by `stream_forward`: a window's first
   N + W tokens in one exact prefill, then `piece` tokens per forward (1 = StreamingLLM exactly;
   with piece p > 1 the first queries of a step see up to p - 1 fewer window positions);
+- piece P without a window: each window fed P tokens per forward through its cache instead of in
+  one prefill, as decoding feeds it (P = 1: every token a decode step; the q4_1 model then runs
+  its decode kernels, whose sums a prefill's dense product does not share);
 - experts K: `lessons.moefication` (16 experts per layer, learned router) calibrated on the
   shipped calibration text (other topics than the scored ones), run through the reference forward
   with its `ffn=` parameter, K of 16 experts per token;
@@ -54,7 +57,7 @@ class Variant:
     window: int | None = None
     experts: int | None = None
     early_exit: int | None = None
-    piece: int = 1
+    piece: int | None = None  # tokens per forward (module docstring); None: one prefill (a window: 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,7 +65,7 @@ class Variant:
     @property
     def is_reference(self) -> bool:
         """True when it computes exactly what the float32 model does (KL 0 without a second pass)."""
-        return self.to_dict() == {**Variant().to_dict(), "piece": self.piece}
+        return self.to_dict() == Variant().to_dict()
 
     def check(self, n_layers: int = 30) -> Variant:
         """self, or a clear error naming the flag and what is allowed."""
@@ -76,8 +79,10 @@ class Variant:
             raise ValueError(f"--sinks must be an integer >= 0, got {self.sinks}")
         if self.window is not None and self.window < 1:
             raise ValueError(f"--window must be an integer >= 1, got {self.window}")
-        if self.piece < 1 or (self.window is not None and self.piece > self.window):
+        if self.piece is not None and self.window is not None and not 1 <= self.piece <= self.window:
             raise ValueError(f"--piece must be in 1..window ({self.window}), got {self.piece}")
+        if self.piece is not None and self.piece < 1:
+            raise ValueError(f"--piece (tokens per forward) must be an integer >= 1, got {self.piece}")
         if self.experts is not None and not 1 <= self.experts <= N_EXPERTS:
             raise ValueError(f"--experts must be in 1..{N_EXPERTS} (of MoEfication's {N_EXPERTS} experts per "
                              f"layer), got {self.experts}")
@@ -177,13 +182,18 @@ def build_runner(model: Model, variant: Variant, calibration=None, quantized: Mo
             raise ValueError("--experts needs calibration text (token-id lists) to cluster and route the experts")
         ffn = moefied_ffn(m, calibration, variant.experts)
 
+    def forward(ids, cache):
+        return reference.forward(m, ids, cache, ffn=ffn) if ffn is not None else fast.forward(m, ids, cache)
+
     def run(ids):
         if variant.window is not None:
-            return stream_forward(m, ids, SinkCache(m.config, variant.sinks or 0, variant.window), piece=variant.piece)
+            return stream_forward(m, ids, SinkCache(m.config, variant.sinks or 0, variant.window),
+                                  piece=variant.piece or 1)
         cache = None if variant.kv is None else QuantizedKVCache(m.config, KV_BITS[variant.kv], "channel", "token")
-        if ffn is not None:
-            return reference.forward(m, ids, cache, ffn=ffn)
-        return fast.forward(m, ids, cache)
+        if variant.piece is None:
+            return forward(ids, cache)
+        cache = m.new_cache(len(ids)) if cache is None else cache
+        return np.concatenate([forward(ids[i:i + variant.piece], cache) for i in range(0, len(ids), variant.piece)])
 
     return run
 
