@@ -123,3 +123,15 @@ def test_beams_and_speculative_default_to_f32_and_say_so(capsys):
                         + (["--weights", weights] if weights else [])) == 0
         assert json.loads(capsys.readouterr().out)["weights"] == (weights or "f32")
 
+
+
+@pytest.mark.smollm2
+def test_bench_prices_q4_1_by_its_decode_steps():
+    """bench's q4_1 price: eval's text fed one token a forward, scored against float32's prefill."""
+    from tinydecoder.checkpoint.registry import open_tokenizer
+    from tinydecoder.checkpoint.smollm2 import load_smollm2
+    from tinydecoder.cli.bench import decode_price
+
+    price = decode_price(load_smollm2("q4_1"), load_smollm2("f32"), open_tokenizer("smollm2"), tokens=48)
+    assert price["tokens"] == 48 and 0 < price["mean_kl"] < 1e-6
+    assert price["perplexity"] == pytest.approx(price["reference_perplexity"], rel=1e-4) and price["perplexity"] > 1

@@ -106,6 +106,11 @@ def test_format_weights_lines():
                              "(floor 2.49)") for line in lines)
     assert any(line.endswith("f32 a pass over n rows, in its decode steps: 2 rows 1.04") for line in lines)
     assert any("q4_1 batch   4: 300.0 tok/s" in line for line in lines)
+    assert not any("price" in line for line in lines)
+    priced = wb.format_weights({"q4_1": {**s, "price": {"tokens": 256, "perplexity": 10.002, "reference_perplexity": 10.0,
+                                                         "mean_kl": 3.2e-11}}})
+    assert any(line.endswith("q4_1 price: perplexity of 256 tokens fed as decode steps 10.0020 against float32's "
+                             "10.0000 (+0.0200 %), mean KL 3.2e-11 nats a token") for line in priced)
     assert wb.format_weights(None) == [] and wb.format_weights({}) == []
 
 

@@ -68,7 +68,31 @@ def weights_section(args, model, weights: str, result: dict) -> dict:
     section = compare_weights(models, rounds=max(3, args.repeat), bandwidth_gbps=result["bandwidth_gbps"],
                               peak_gflops=result["matmul_gflops"])
     result["targets"].update(weights_targets(section))
+    if "q4_1" in section:
+        from ..checkpoint.registry import open_tokenizer
+
+        section["q4_1"]["price"] = decode_price(models["q4_1"], models["f32"], open_tokenizer(args.model))
     return section
+
+
+PRICE_TOKENS = 256  # of eval's shipped text: ~1 s of decode steps, beside the speed they price
+
+
+def decode_price(quantized, model, tokenizer, tokens: int = PRICE_TOKENS) -> dict:
+    """The speed-up's price beside it: the first `tokens` tokens of eval's shipped text fed to the
+    `quantized` model one per forward (decode steps, the kernels whose speed bench reports) and
+    scored against `model`'s prefill (lessons.quality): {"tokens", "perplexity",
+    "reference_perplexity", "mean_kl"} (nats a token)."""
+    import math
+
+    from ..lessons.quality import score, shipped_text
+    from ..lessons.quality_variants import Variant, build_runner, reference_runner
+
+    ids = tokenizer.encode(shipped_text())[:tokens]
+    run = build_runner(model, Variant(weights="q4_1", piece=1), quantized=quantized)
+    result = score(run, ids, context=len(ids), stride=len(ids) // 2, reference=reference_runner(model))
+    return {"tokens": len(ids), "perplexity": result.perplexity,
+            "reference_perplexity": float(math.exp(result.reference_nll.mean())), "mean_kl": result.mean_kl}
 
 
 def machine_load():

@@ -155,4 +155,10 @@ def format_weights(section: dict) -> list:
                 for n, cost in s["pass_cost"].items()))
         for row in s.get("batch_decode", []):
             lines.append(f"  {name:>5} batch {row['batch']:>3}: {row['tokens_per_second']:.1f} tok/s")
+        if s.get("price"):
+            p = s["price"]
+            lines.append(f"  {name:>5} price: perplexity of {p['tokens']} tokens fed as decode steps "
+                         f"{p['perplexity']:.4f} against float32's {p['reference_perplexity']:.4f} "
+                         f"({100 * (p['perplexity'] / p['reference_perplexity'] - 1):+.4f} %), "
+                         f"mean KL {p['mean_kl']:.1e} nats a token")
     return lines
