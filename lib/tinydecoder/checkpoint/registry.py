@@ -29,7 +29,7 @@ WEIGHTS = ("f32", "q4_1")
 # whose decode step reads a fifth of the bytes. Passes over many rows of one sequence (generate's
 # --speculative and --beams), float32 shards (--tensor-parallel) and bench's main table (its targets
 # are float32's): DEFAULT_WEIGHTS. Measured on a 2-vCPU AMD EPYC Zen 5 VM, December 2026: `bench
-# --model smollm2` q4_1 decode at context 128 233-267 tokens/s (a step's row by quant_planes'
+# --model smollm2` q4_1 decode at context 128 233-294 tokens/s (a step's row by quant_planes'
 # lookups), 2.3-3.7x float32's (the ratio follows float32's bandwidth-bound speed, 71-114 tokens/s);
 # a pass over 8 rows 2.6-3.7 of q4_1's steps (float32's: 1.1-1.7), above its arithmetic floor of
 # ~2.3 (perf.weights_bench.pass_floor). serve's engine (token budget 80, 16 running, chunks of 64;
