@@ -42,6 +42,7 @@ from ..core.model import Model
 from ..core.reference import embed_tokens
 from ..core.validate import check_context, check_token_ids
 from . import fused, fused_quant, tunables
+from .aligned import empty64
 from .attention import attend, attend_one_query
 from .batch_cache import BatchKVCache
 from .compiled import few_queries, few_rows, jit, quant_rows
@@ -297,25 +298,25 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
                 fused_quant.layer(model, l, x, tables, fused_cache, work)
             else:
                 x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
-        h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, np.empty_like(x))
+        h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, empty64(x.shape, x.dtype))
         return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
 
 
 class _Buffers:
-    """The pass's work arrays, allocated once and reused by every layer."""
+    """The pass's work arrays, allocated once and reused by every layer (each on a cache line: `aligned`)."""
 
     def __init__(self, cfg: Config, N: int, dtype, tiled: bool = False):
         Hq, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.h = np.empty((N, cfg.d_model), dtype)  # normed input
-        self.qkv = np.empty((N, (Hq + 2 * Hkv) * d), dtype)
-        self.proj = np.empty((N, cfg.d_model), dtype)  # an output projection before the residual add
-        self.gate_up = np.empty((N, 2 * cfg.d_ff), dtype)
-        self.hidden = np.empty((N, cfg.d_ff), dtype)
+        self.h = empty64((N, cfg.d_model), dtype)  # normed input
+        self.qkv = empty64((N, (Hq + 2 * Hkv) * d), dtype)
+        self.proj = empty64((N, cfg.d_model), dtype)  # an output projection before the residual add
+        self.gate_up = empty64((N, 2 * cfg.d_ff), dtype)
+        self.hidden = empty64((N, cfg.d_ff), dtype)
         self.packed = None  # where tiles.py packs the rows of every product (tiled: more rows than the sweeps take)
         if tiled and jit.available():
             from .compiled import tiles
 
-            self.packed = np.empty(tiles.work_numbers(N, max(cfg.d_model, Hq * d, cfg.d_ff)), np.float32)
+            self.packed = empty64(tiles.work_numbers(N, max(cfg.d_model, Hq * d, cfg.d_ff)))
 
 
 def _block(cfg: Config, layer, l: int, x, tables, attention, rows, buf):

@@ -44,6 +44,7 @@ import numpy as np
 from ..core.cache import KVCache
 from ..core.model import Model
 from . import tunables
+from .aligned import empty64
 from .compiled import few_queries, few_rows, jit
 
 prange = range  # numba.prange once compiled (jit.compiled; no loop here runs in parallel itself)
@@ -107,12 +108,17 @@ def scratch(model: Model, rows: int, T: int) -> Scratch:
     """The work arrays of a pass over `rows` rows after which the cache holds T positions."""
     cfg = model.config
     Hq, Hkv, d, S = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, rows
-    new = lambda *shape: np.empty(shape, np.float32)
+    new = lambda *shape: empty64(shape)  # on a cache line: the few-row kernels load these rows again and again
+
+    def zeros(*shape):
+        out = new(*shape)
+        out.fill(0.0)
+        return out
+
     return Scratch(new(S, cfg.d_model), new(S, (Hq + 2 * Hkv) * d), new(Hq * S, d), new(Hq * S, d), new(S, Hq * d),
                    new(min(T, few_queries.TASKS_PER_THREAD * jit.threads()), Hq * S, d + 2), new(S, cfg.d_model),
-                   new(S, 2 * cfg.d_ff), new(S, cfg.d_ff), np.zeros((0, 1, 16), np.float32),
-                   np.zeros((1, cfg.d_model, 8), np.float32), np.zeros((1, Hq * d, 8), np.float32),
-                   np.zeros((1, cfg.d_ff, 8), np.float32))
+                   new(S, 2 * cfg.d_ff), new(S, cfg.d_ff), zeros(0, 1, 16), zeros(1, cfg.d_model, 8),
+                   zeros(1, Hq * d, 8), zeros(1, cfg.d_ff, 8))
 
 
 def layer(model: Model, l: int, x, tables, cache: KVCache, work: Scratch) -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import tunables
+from ..aligned import on64
 from .jit import available, compiled
 
 
@@ -80,7 +81,8 @@ def check_rows_times(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
 
 def product(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
     """`rows_times` without its checks, for a caller that has made them (`forward_pass.project`)."""
-    _kernel()(np.ascontiguousarray(x), w.T, out)  # w.T: [N, K], one contiguous row per output
+    x = on64(x) if x.shape[0] > 1 else np.ascontiguousarray(x)  # the sweeps load the rows again for every output
+    _kernel()(x, w.T, out)  # w.T: [N, K], one contiguous row per output
     return out
 
 

@@ -50,6 +50,7 @@ import threading
 
 import numpy as np
 
+from ..aligned import empty64, on64
 from . import jit, quant_planes
 from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # noqa: F401 - this module's interface too
 
@@ -114,8 +115,8 @@ def rows_times(x: np.ndarray, w: QuantMatrix, out: np.ndarray) -> np.ndarray:
 
 def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.ndarray:
     """`rows_times` without its checks (`fast.project`). work: where the tiles pack the rows, or None."""
-    x = np.ascontiguousarray(x)
     M = x.shape[0]
+    x = on64(x) if M > 1 else np.ascontiguousarray(x)  # `outputs` loads the rows again for every output row
     if M == 0:
         return out
     threads = jit.threads()
@@ -136,7 +137,7 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     tail = M % tiles.ROWS if M % tiles.ROWS <= 8 else 0
     blocks, lasts = -(-(M - tail) // tiles.ROWS), int(tail > 0)
     if work is None or work.size < tiles.work_numbers(M, K):
-        work = np.empty(tiles.work_numbers(M, K), np.float32)
+        work = empty64(tiles.work_numbers(M, K))
     full = work[:blocks * K * tiles.ROWS].reshape(blocks, K, tiles.ROWS)
     last = work[blocks * K * tiles.ROWS:(blocks * tiles.ROWS + lasts * 8) * K].reshape(lasts, K, 8)
     jit.compiled(tiles._pack)(x, full, last, threads)
@@ -148,7 +149,7 @@ def _dense_scratch(n: int) -> np.ndarray:
     """n float32s that this thread reuses for every dequantised matrix: written and read back
     while in cache (a fresh array each time: 17 ms of a prefill's memory traffic, against 5.5)."""
     if getattr(_scratch, "numbers", np.zeros(0, np.float32)).size < n:
-        _scratch.numbers = np.empty(n, np.float32)
+        _scratch.numbers = empty64(n)
     return _scratch.numbers[:n]
 
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import tunables
+from ..aligned import empty64
 from . import few_rows, jit
 from .few_rows import dot_rows
 from .llvm import make_tile, transpose8
@@ -88,7 +89,7 @@ def product(x: np.ndarray, w: np.ndarray, out: np.ndarray, work: np.ndarray | No
     tail = M % ROWS if M % ROWS <= 8 else 0  # a last block of 1-8 rows runs in tile8 (half the work)
     blocks, lasts = -(-(M - tail) // ROWS), int(tail > 0)
     if work is None or work.size < work_numbers(M, K):
-        work = np.empty(work_numbers(M, K), np.float32)
+        work = empty64(work_numbers(M, K))
     full = work[:blocks * K * ROWS].reshape(blocks, K, ROWS)  # [blocks, K, 16]
     last = work[blocks * K * ROWS:(blocks * ROWS + lasts * 8) * K].reshape(lasts, K, 8)  # [0 or 1, K, 8]
     threads = jit.threads()
