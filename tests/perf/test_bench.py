@@ -171,6 +171,7 @@ def test_cli_bench_json_for_the_toy(capsys):
     result = json.loads(capsys.readouterr().out)
     for key in ("bandwidth_gbps", "matmul_gflops"):
         assert result[key] > 0
+    assert result["fma_gflops"] is None or result["fma_gflops"] > 0  # None without numba
     assert set(result["prefill_tokens_per_second"]) == {"128", "512"}
     for key in ("decode_tokens_per_second", "decode_roof_fraction"):
         assert set(result[key]) == {"128", "512", "2048"} and all(v > 0 for v in result[key].values())
@@ -189,6 +190,12 @@ def test_cli_bench_json_for_the_toy(capsys):
     from tinydecoder.perf.machine import cpu_description
 
     assert result["cpu"] == cpu_description() and "\n" not in result["cpu"]  # this machine's, in one line
+    from tinydecoder.perf.bench import format_report
+
+    text = format_report(result | {"weights": None})
+    if result["fma_gflops"]:  # the cores' roof beside numpy's, and what share of it numpy reaches
+        share = f"{result['matmul_gflops'] / result['fma_gflops']:.0%}"
+        assert "FMA peak" in text and f"numpy's matmul reaches {share} of it" in text
 
 
 def test_describe_cpu_from_cpuinfo():

@@ -6,9 +6,10 @@
 
 Rooms: `forward_pass` (the pass: fewer, larger numpy calls, or compiled kernels where numba is
 installed), `attention` (its attention in numpy), `batch_cache` (B sequences' K/V in one array),
-`fused` and `fused_quant` (a few rows' decoder block in one compiled call), `rope_tables` (RoPE's cos/sin once per
-pass, rotated in place), `aligned` (work arrays on 64-byte lines), `tunables` (the measured thresholds), and `compiled/` (the numba kernels
-and `compiled.jit`, which compiles and binds them). Tests prove every path here equal to the reference on distinct weights.
+`fused` and `fused_quant` (a few rows' decoder block in one compiled call), `rope_tables` (RoPE's cos/sin
+once per pass, rotated in place), `aligned` (work arrays on 64-byte lines), `tunables` (the measured
+thresholds), and `compiled/` (the numba kernels and `compiled.jit`, which compiles and binds them).
+Tests prove every path here equal to the reference on distinct weights.
 """
 from .attention import QUERY_BLOCK, attend, attend_one_query
 from .batch_cache import BatchKVCache

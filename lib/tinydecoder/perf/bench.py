@@ -35,6 +35,7 @@ from .machine import (  # noqa: F401 - the roofs and timers, also used as bench.
     gemm_times,
     matmul_probe,
     measure_bandwidth,
+    measure_fma_peak,
     measure_matmul,
     median_seconds,
     paired_share,
@@ -220,6 +221,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
     probe = bandwidth_probe(bandwidth_bytes)
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
     bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
+    fma = measure_fma_peak()
     reference.forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
     flops_probe = matmul_probe(matmul_n)
     prefill = {n: prefill_speed(model, n, repeat, path, probe=flops_probe) for n in lengths}
@@ -244,6 +246,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
         "bandwidth_gbps": bw,
         "copy_bandwidth_gbps": roofs["copy_gbps"],
         "matmul_gflops": gflops,
+        "fma_gflops": fma,
         "ridge_flops_per_byte": ridge_point(bw, gflops),
         "prefill_tokens_per_second": {str(n): p["tokens_per_second"] for n, p in prefill.items()},
         "prefill_gflops": {str(n): p["gflops"] for n, p in prefill.items()},
@@ -286,7 +289,11 @@ def format_report(result: dict) -> str:
              f"memory bandwidth  {result['bandwidth_gbps']:8.2f} GB/s  (matrix-vector; copy "
              f"{result['copy_bandwidth_gbps']:.2f} GB/s)",
              f"matmul            {result['matmul_gflops']:8.2f} GFLOP/s  (ridge point "
-             f"{result['ridge_flops_per_byte']:.1f} FLOP/byte)", ""]
+             f"{result['ridge_flops_per_byte']:.1f} FLOP/byte)"]
+    if result.get("fma_gflops"):
+        lines.append(f"FMA peak          {result['fma_gflops']:8.2f} GFLOP/s  (the cores' fused multiply-adds, "
+                     f"compiled; numpy's matmul reaches {result['matmul_gflops'] / result['fma_gflops']:.0%} of it)")
+    lines.append("")
     for n, tps in result["prefill_tokens_per_second"].items():
         lines.append(f"prefill {n:>5} tokens  {tps:10.1f} tokens/s  {result['prefill_gflops'][n]:7.2f} GFLOP/s "
                      f"({100 * result['prefill_matmul_fraction'][n]:.0f}% of matmul: "

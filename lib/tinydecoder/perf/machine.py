@@ -4,7 +4,10 @@
   matrix (a decode step's access pattern: every weight read once), run as the fast path runs
   it or as numpy does; `measure_bandwidth` is the best of a few runs of both (a roof is the best
   the machine does), with a plain copy beside it. `settle` waits out numpy's spinning BLAS threads.
-- Matmul FLOP/s: `measure_matmul`, a float32 2048 x 2048 product, best of a few runs.
+- Matmul FLOP/s: `measure_matmul`, a float32 2048 x 2048 product, best of a few runs: what
+  numpy's BLAS reaches. `measure_fma_peak`: what the cores reach, a compiled loop of independent
+  fused multiply-adds (numba; an OpenBLAS build that runs AVX2 kernels on an AVX-512 CPU reaches
+  about half of it).
 - `gemm_times`: one weight matrix times M rows, numpy's matmul against the fast path's `project`.
 - `ridge_point`, `attainable_gflops`: the roofline from the two roofs; `H100_SXM` a GPU's
   published figures for comparison.
@@ -196,6 +199,16 @@ def measure_matmul(n: int = 2048, repeat: int = 3) -> dict:
     probe()
     best = max(probe() for _ in range(repeat))
     return {"matmul_gflops": best, "n": int(n), "seconds": 2 * n**3 / best / 1e9}
+
+
+def measure_fma_peak() -> float | None:
+    """The cores' float32 FLOP/s in fused multiply-adds on every numba thread (fast.compiled.fma_peak),
+    in GFLOP/s; None without numba."""
+    if not jit.available():
+        return None
+    from ..fast.compiled import fma_peak
+
+    return fma_peak.fma_gflops()
 
 
 def gemm_times(k: int, n: int, rows=(1, 2, 3, 4, 8, 16, 32), repeat: int = 5) -> list:

@@ -18,7 +18,8 @@ gets batched decode (`bench.batch_decode_speed`). Nothing here asserts a speed.
 Each model's passes over PASS_ROWS rows of one sequence (a speculative check, all rows' logits)
 are costed in that model's own decode steps (`bench_rows.pass_cost`), beside their arithmetic
 floor (`pass_floor`): a pass multiplies every weight by each of its rows, 2 FLOPs a weight a row,
-and cannot run faster than the machine's measured matmul peak. In decode steps, the floor grows
+and cannot run faster than the cores retire fused multiply-adds (`machine.measure_fma_peak`, a
+compiled loop of them; numpy's GEMM, bench's "matmul", may reach half of it). In decode steps, the floor grows
 as the step shrinks: reading 5 bits a weight instead of 32 shortens a step, not the arithmetic of
 a pass over n rows, so the same pass costs more of q4_1's steps than of float32's. Where the floor
 is above a target, no kernel computing in float32 on this machine can meet it.
@@ -46,14 +47,15 @@ PREFILL_REPEAT = 3
 
 def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(128, 512), rounds: int = 3,
                     steps: int = 9, batch_sizes=BATCH_SIZES, batch_context: int = 128, bandwidth_bytes: int = 2**28,
-                    bandwidth_gbps=None, peak_gflops=None) -> dict:
+                    bandwidth_gbps=None, peak_gflops=None, fma_gflops=None) -> dict:
     """{name: {"weights_bytes", "decode_tokens_per_second", "decode_bytes_per_token",
     "decode_roof_fraction", "prefill_tokens_per_second"} (per context / length, string keys)} for
     each model of `models` ({name: Model}, the same network held differently), the first one with
     "batch_decode" too (rows as bench.batch_decode_speed gives them; the roofs, when given, add
     the roofline's predictions), and "pass_cost" ({rows: decode steps} after batch_context positions)
-    with, when peak_gflops is given and batch_context is a decode context, "pass_floor" (the same
-    rows' `pass_floor`). Every round runs each model in turn (module docstring)."""
+    with, when fma_gflops (else peak_gflops) is given and batch_context is a decode context,
+    "pass_floor" (the same rows' `pass_floor` at that peak). Every round runs each model in turn
+    (module docstring)."""
     if not models:
         raise ValueError("compare_weights needs at least one model: {name: Model}")
     probe = bandwidth_probe(bandwidth_bytes)
@@ -82,9 +84,10 @@ def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(
         settle()
         costs = pass_cost(model, rows=PASS_ROWS, contexts=(batch_context,), repeat=steps, cache=caches[name])
         out[name]["pass_cost"] = costs[str(batch_context)]
-        if peak_gflops and batch_context in decode_contexts:
+        floor_gflops = fma_gflops or peak_gflops
+        if floor_gflops and batch_context in decode_contexts:
             step = 1.0 / out[name]["decode_tokens_per_second"][str(batch_context)]
-            out[name]["pass_floor"] = {str(n): pass_floor(model, n, step, peak_gflops) for n in PASS_ROWS}
+            out[name]["pass_floor"] = {str(n): pass_floor(model, n, step, floor_gflops) for n in PASS_ROWS}
     first = next(iter(models))
     settle()
     out[first]["batch_context"] = int(batch_context)
@@ -102,8 +105,8 @@ def matmul_weights(model) -> int:
 
 def pass_floor(model, rows: int, step_seconds: float, peak_gflops: float) -> float:
     """The least a pass over `rows` rows can cost, in decode steps of `step_seconds`: 2 FLOPs per
-    weight per row (`matmul_weights`) at the machine's matmul peak (GFLOP/s), the model's other
-    work (attention, norms) and its reads counted as free."""
+    weight per row (`matmul_weights`) at `peak_gflops` (the cores' fused multiply-adds:
+    machine.measure_fma_peak), the model's other work (attention, norms) and its reads counted as free."""
     return 2 * rows * matmul_weights(model) / (peak_gflops * 1e9) / step_seconds
 
 

@@ -11,6 +11,7 @@
                         quant_matrix: QuantMatrix, such a tensor as a weight, plain numpy)
     quant_planes        one row times Q4_1 weights laid out in bit planes, by table lookups (a decode step;
                         plane_dots: its loop)
+    fma_peak            the cores' multiply-add roof, a compiled loop of them (bench's pass floors)
 
 Each product module (few_rows, tiles, quant_rows) offers the same pair: `rows_times(x, w, out)`,
 which checks its arguments, and `product(x, w, out)`, which does not; `fast.forward_pass.
