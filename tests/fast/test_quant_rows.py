@@ -167,6 +167,7 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
     def compile_(intrinsic):  # a compiled function that calls the intrinsic at offsets 0
         return numba.njit(lambda raw, x, K, sx, acc: intrinsic(raw, 0, x, 0, K, sx, 0, acc))
 
+    alone = {}
     for R in (1, 2, 3, 4):
         dots = compile_(qd.make_dots(kind, R, table))
         acc = np.full((R, 33), np.nan, np.float32)
@@ -175,8 +176,24 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
         err = np.abs(got - x[:R].astype(np.float64) @ W[0])
         assert (err <= bound(x[:R], raw[:1], kind, K)[:, 0]).all(), (R, err)
     for R in (1, 2, 3, 4, 8):
-        outputs = compile_(qd.make_outputs(kind, O, table, R))
-        acc = np.full(O * R, np.nan, np.float32)
-        outputs(flat, x, K, sx, acc)
-        err = np.abs(acc.reshape(O, R) - W @ x[:R].T.astype(np.float64))
-        assert (err <= bound(x[:R], raw, kind, K).T).all(), (R, err)
+        for pair in (False, True):  # one output row at a time, or two side by side
+            outputs = compile_(qd.make_outputs(kind, O, table, R, pair))
+            acc = np.full(O * R, np.nan, np.float32)
+            outputs(flat, x, K, sx, acc)
+            err = np.abs(acc.reshape(O, R) - W @ x[:R].T.astype(np.float64))
+            assert (err <= bound(x[:R], raw, kind, K).T).all(), (R, pair, err)
+            if pair and R <= 4:  # the same sums in the same order as one at a time
+                assert np.array_equal(acc, alone[R]), R
+            if not pair:
+                alone[R] = acc
+
+
+def test_outputs_pair_takes_output_rows_two_at_a_time():
+    from tinydecoder.fast.compiled import jit
+
+    if not jit.available():
+        pytest.skip("needs numba")
+    from tinydecoder.fast.compiled import quant_dots as qd
+
+    with pytest.raises(ValueError, match="pair takes output rows two at a time, not O = 3"):
+        qd.make_outputs("Q8_0", 3, False, 4, pair=True)

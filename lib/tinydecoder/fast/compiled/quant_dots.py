@@ -254,7 +254,7 @@ def _reduce32(builder, v):
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
+def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool = False):
     """R input rows against O output rows (a decode step's products, or a few rows'): the intrinsic
 
         outputs(raw, w_start, x, x_start, K, sx, sx_start, acc)
@@ -265,31 +265,31 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
     order (4 rows read side by side, without the prefetch, left the hardware prefetcher behind: the
     30 MB head ran at a third of the speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums
     in flight, and each sum is added up in registers: no call, no store and reload per output row,
-    which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block."""
+    which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block.
+
+    pair: two output rows side by side (both prefetched), so that each input row's 32 numbers,
+    loaded once, serve both rows' blocks: half the loads of the input rows, which bind the loop
+    once R rows' sums keep the multiply-adds busy. Up to 4 rows, each output's sums stay 32 lanes
+    wide (the same sums in the same order as one output at a time); for 8 rows, 2 x 8 x 32 lanes
+    would not fit AVX-512's 32 registers, so each sum is 16 lanes wide and a block adds its two
+    halves into it one after the other (another order of the same float32 additions)."""
     block_bytes = _block_bytes(kind, table)
+    if pair and O % 2:
+        raise ValueError(f"pair takes output rows two at a time, not O = {O}")
+    narrow = pair and R > 4  # 16-lane sums (the docstring)
 
     def emit(builder, a: _Args) -> None:
         raw_p, x_p, s_p, acc_p, K_, nb = a
         c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
         row_bytes = builder.mul(nb, c64(block_bytes))
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
-        fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
         U = OUTPUT_UNROLL[R]
 
-        def block(o, b, st):  # output o's block b against the R rows: st = R lane-wise sums, R m-term sums
+        def weights(o, b):  # output o's block b: its 32 weights (d q, or by table d q + m) and m (or None)
             p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
-            w, m = (_by_table(builder, p), None) if table else _decoded(builder, kind, p)
-            sums, msums = [], []
-            for r in range(R):
-                at = builder.add(builder.mul(c64(r), K_), builder.mul(b, c64(32)))
-                xv = builder.load(builder.bitcast(builder.gep(x_p, [at]), _V32.as_pointer()), align=4)
-                sums.append(builder.call(fma, [w, xv, st[r]]))
-                if m is not None:
-                    s = builder.load(builder.gep(s_p, [builder.add(builder.mul(c64(r), nb), b)]), align=4)
-                    msums.append(builder.call(fma1, [m, s, st[R + r]]))
-                else:
-                    msums.append(st[R + r])
-            return sums + msums
+            return (_by_table(builder, p), None) if table else _decoded(builder, kind, p)
+
+        def block(outs, b, st):  # outputs `outs`' block b against the R rows: st = per output, R sums and R m-sums
+            return _against_rows(builder, a, [weights(o, b) for o in outs], b, st, R, narrow)
 
         def ahead(o, b):  # ask for the bytes PREFETCH_BYTES past this step's blocks (a line per 64)
             p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
@@ -297,23 +297,72 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1):
                 _prefetch_line(builder, builder.gep(p, [c64(PREFETCH_BYTES + line)]))
             return []
 
-        zero = [ir.Constant(_V32, None)] * R + [ir.Constant(_F32, 0.0)] * R
+        def reduce(v):
+            return _reduce32(builder, v) if v.type == _V32 else _reduce16(builder, v)
+
+        lanes = _V16 if narrow else _V32
+        group = 2 if pair else 1
+        zero = ([ir.Constant(lanes, None)] * R + [ir.Constant(_F32, 0.0)] * R) * group
+        width = 2 * R * group  # the state of one block in flight
         main_end = builder.sub(nb, builder.srem(nb, c64(U)))
-        for o in range(O):  # one output after another: the blocks are read in the file's order
-            def step(b, st, o=o):  # U blocks, each with its own sums
-                return ahead(o, b) + sum((block(o, builder.add(b, c64(u)), st[2 * R * u:2 * R * (u + 1)])
-                                          for u in range(U)), [])
+        for o in range(0, O, group):  # one output (or pair) after another: the blocks are read in the file's order
+            outs = list(range(o, o + group))
+
+            def step(b, st, outs=outs):  # U blocks, each with its own sums
+                return sum((ahead(oi, b) for oi in outs), []) + sum(
+                    (block(outs, builder.add(b, c64(u)), st[width * u:width * (u + 1)]) for u in range(U)), [])
 
             state = _loop(builder, c64(0), main_end, U, zero * U, step)
-            sums = state[:2 * R]
+            sums = state[:width]
             for u in range(1, U):
-                sums = [builder.fadd(s1, s2) for s1, s2 in zip(sums, state[2 * R * u:2 * R * (u + 1)])]
-            final = _loop(builder, main_end, nb, 1, sums, lambda b, st, o=o: block(o, b, st))
-            for r in range(R):
-                builder.store(builder.fadd(_reduce32(builder, final[r]), final[R + r]),
-                              builder.gep(acc_p, [c64(o * R + r)]), align=4)
+                sums = [builder.fadd(s1, s2) for s1, s2 in zip(sums, state[width * u:width * (u + 1)])]
+            final = _loop(builder, main_end, nb, 1, sums, lambda b, st, outs=outs: block(outs, b, st))
+            for i, oi in enumerate(outs):
+                for r in range(R):
+                    builder.store(builder.fadd(reduce(final[2 * R * i + r]), final[2 * R * i + R + r]),
+                                  builder.gep(acc_p, [c64(oi * R + r)]), align=4)
 
     return _blocks_intrinsic(emit)
+
+
+def _against_rows(builder, a: _Args, decoded: list, b, st: list, R: int, narrow: bool) -> list:
+    """`make_outputs`' step for block b of one or two output rows (`decoded`: each its 32 weights and
+    m or None) against the R input rows: st holds, per output row, R lane-wise sums then R m-term
+    sums; -> the new ones. Each input row's 32 numbers are loaded once for all the output rows;
+    narrow: 16-lane sums, the block's two halves added into them in turn."""
+    c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
+    fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
+    fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32] * 3), "llvm.fma.f32")
+    halves = [ir.Constant(ir.VectorType(_I32, 16), [ir.Constant(_I32, first + i) for i in range(16)]) for first in (0, 16)]
+    sums = [list(st[2 * R * i:2 * R * i + R]) for i in range(len(decoded))]
+    msums = [list(st[2 * R * i + R:2 * R * (i + 1)]) for i in range(len(decoded))]
+    for r in range(R):
+        at = builder.add(builder.mul(c64(r), a.K), builder.mul(b, c64(32)))
+        xv = builder.load(builder.bitcast(builder.gep(a.x, [at]), _V32.as_pointer()), align=4)
+        s = None  # row r's block sum, loaded once where an m term needs it
+        for i, (w, m) in enumerate(decoded):
+            if narrow:
+                for h in halves:
+                    sums[i][r] = builder.call(fma16, [builder.shuffle_vector(w, w, h), builder.shuffle_vector(xv, xv, h),
+                                                      sums[i][r]])
+            else:
+                sums[i][r] = builder.call(fma, [w, xv, sums[i][r]])
+            if m is not None:
+                if s is None:
+                    s = builder.load(builder.gep(a.sx, [builder.add(builder.mul(c64(r), a.nb), b)]), align=4)
+                msums[i][r] = builder.call(fma1, [m, s, msums[i][r]])
+    return sum((sums[i] + msums[i] for i in range(len(decoded))), [])
+
+
+def _reduce16(builder, v):
+    """The sum of a <16 x float>'s lanes (halves added until one lane is left)."""
+    n = 16
+    while n > 1:
+        n //= 2
+        low, high = (ir.Constant(ir.VectorType(_I32, n), [ir.Constant(_I32, first + i) for i in range(n)]) for first in (0, n))
+        v = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high))
+    return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
 OUTPUTS = 4  # output rows per call of the `outputs` kernels below
@@ -321,10 +370,16 @@ PREFETCH_BYTES = 8192  # how far ahead of the blocks it reads an `outputs` or `d
 # Blocks in flight in an `outputs` kernel, by input rows (as UNROLL; 3 divides SmolLM2's 18 and 48
 # blocks a row; with more rows, each block has more sums to keep the adders busy).
 OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1, 8: 1}
-q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4, q41_outputs8 = (make_outputs("Q4_1", OUTPUTS, TABLE, R)
-                                                                         for R in (1, 2, 3, 4, 8))
-q80_outputs1, q80_outputs2, q80_outputs3, q80_outputs4, q80_outputs8 = (make_outputs("Q8_0", OUTPUTS, False, R)
-                                                                         for R in (1, 2, 3, 4, 8))
+# From this many input rows, the output rows go in pairs (`make_outputs`' pair). SmolLM2's 120 layer
+# products (Q4_1) and its head (Q8_0), 2 threads, medians of 9 alternating rounds, ms, one output at
+# a time / pairs: Q4_1 2 rows 3.12 / 3.23, 3 rows 3.50 / 3.43, 4 rows 3.94 / 3.89, 8 rows 6.37 / 5.63;
+# Q8_0 2 rows 0.89 / 0.74, 3 rows 1.05 / 0.72, 4 rows 1.28 / 0.90, 8 rows 1.71 / 1.34 (a Q4_1 block's
+# decoding by table costs more than its input rows' loads; a Q8_0 block's conversion less).
+PAIR_FROM = {"Q4_1": 3, "Q8_0": 2}
+q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4, q41_outputs8 = (
+    make_outputs("Q4_1", OUTPUTS, TABLE, R, pair=R >= PAIR_FROM["Q4_1"]) for R in (1, 2, 3, 4, 8))
+q80_outputs1, q80_outputs2, q80_outputs3, q80_outputs4, q80_outputs8 = (
+    make_outputs("Q8_0", OUTPUTS, False, R, pair=R >= PAIR_FROM["Q8_0"]) for R in (1, 2, 3, 4, 8))
 # Input rows an `outputs` call takes while that many are left (quant_rows._rows; fewer: 1-4 a call).
 # 8 decodes each block once for 16 fused multiply-adds a row pair, with 8 x 32 lane sums: AVX-512's 32
 # vector registers hold them; x86's 16 of AVX2 would not, so there it stays 4.
