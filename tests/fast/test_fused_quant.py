@@ -124,9 +124,11 @@ def test_fits_only_quant_layers_of_few_rows():
     assert not fused_quant.fits(dequantised(model).layers[0], 1)
 
 
-def test_a_decode_step_reads_q4_1_layers_by_lookup_and_agrees_with_their_blocks(layers_run):
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_decode_step_reads_q4_1_layers_by_lookup_and_agrees_with_their_blocks(layers_run, rows):
+    """A decode step (or a check of one guess: quant_planes.ROWS_UP_TO rows) by lookup."""
     model = quant_model(config())
-    ids = tokens(30, seed=4)
+    ids = tokens(29 + rows, seed=4)
     cache = model.new_cache(40)
     fast.forward(model, ids[:29], cache)
     q41 = [w for layer in model.layers for w in (layer.w_qkv, layer.wo, layer.w_gate_up, layer.w_down)
@@ -134,12 +136,12 @@ def test_a_decode_step_reads_q4_1_layers_by_lookup_and_agrees_with_their_blocks(
     assert all(w._planes is None for w in q41)  # a prefill does not ask for planes
     for w in q41:
         w._planes = False  # as where planes do not apply: the file's blocks
-    by_blocks = fast.forward(model, ids[29:], cache.copy(1))
+    by_blocks = fast.forward(model, ids[29:], cache.copy(rows))
     for w in q41:
         w._planes = None
     layers_run.clear()
     by_lookup = fast.forward(model, ids[29:], cache)
-    assert layers_run == [1] * model.config.n_layers  # each layer one fused call, its products by `_product`
+    assert layers_run == [rows] * model.config.n_layers  # each layer one fused call, its products by `_product`
     assert all(isinstance(w._planes, tuple) == quant_planes.applies(w) for w in q41)
     assert any(w._planes for w in q41) or not quant_planes.applies(q41[0])
     np.testing.assert_allclose(by_lookup, by_blocks, rtol=0, atol=1e-5 * np.abs(by_blocks).max())

@@ -65,6 +65,13 @@ def test_one_row_by_lookup_equals_the_dequantised_product(N, K):
     assert isinstance(w._planes, tuple)  # packed once, kept with the matrix
     again = quant_planes.product(x, w, np.empty((1, N), np.float32))
     assert np.array_equal(again, out)
+    x2 = np.concatenate([rng.normal(0, 3, (1, K)).astype(np.float32), x])  # two rows share the planes' indices
+    both = quant_planes.product(x2, w, np.empty((2, N), np.float32))
+    assert np.array_equal(both[1], out[0])  # each row's numbers are its own alone, bit for bit
+    alone = quant_planes.product(x2[:1], w, np.empty((1, N), np.float32))
+    assert np.array_equal(both[0], alone[0])
+    want2 = x2.astype(np.float64) @ gguf_weights(raw, "Q4_1", K).astype(np.float64).T
+    assert np.all(np.abs(both - want2) <= bound(x2, raw, "Q4_1", K))
 
 
 @needs_numba
@@ -92,7 +99,7 @@ def test_parts_write_their_own_columns_and_quant_rows_decodes_by_lookup():
 def test_planes_apply_to_one_row_of_whole_groups_of_q4_1_rows():
     rng = np.random.default_rng(1)
     q41 = QuantMatrix.from_blocks(random_blocks(rng, 32, 64, "Q4_1"), "Q4_1", 64)
-    assert not quant_planes.applies(q41, rows=2)
+    assert not quant_planes.applies(q41, rows=quant_planes.ROWS_UP_TO + 1) and not quant_planes.applies(q41, rows=0)
     assert not quant_planes.applies(q41.T)
     assert not quant_planes.applies(QuantMatrix.from_blocks(random_blocks(rng, 32, 64, "Q8_0"), "Q8_0", 64))
     assert not quant_planes.applies(QuantMatrix.from_blocks(random_blocks(rng, 24, 64, "Q4_1"), "Q4_1", 64))
@@ -106,11 +113,11 @@ def test_planes_apply_to_one_row_of_whole_groups_of_q4_1_rows():
 def test_product_refuses_what_it_does_not_take():
     rng = np.random.default_rng(2)
     q80 = QuantMatrix.from_blocks(random_blocks(rng, 32, 64, "Q8_0"), "Q8_0", 64)
-    with pytest.raises(ValueError, match="one row times a Q4_1 QuantMatrix"):
+    with pytest.raises(ValueError, match="1-2 rows times a Q4_1 QuantMatrix"):
         quant_planes.product(np.zeros((1, 64), np.float32), q80, np.empty((1, 32), np.float32))
     q41 = QuantMatrix.from_blocks(random_blocks(rng, 32, 64, "Q4_1"), "Q4_1", 64)
-    with pytest.raises(ValueError, match="got 2 rows"):
-        quant_planes.product(np.zeros((2, 64), np.float32), q41, np.empty((2, 32), np.float32))
+    with pytest.raises(ValueError, match="got 3 rows"):
+        quant_planes.product(np.zeros((3, 64), np.float32), q41, np.empty((3, 32), np.float32))
 
 
 def test_the_lessons_lookup_is_the_dot_product_and_the_kernels_table():

@@ -37,15 +37,21 @@ GROUP = 16  # output rows a lookup serves (plane_dots.GROUP)
 GROUP_BYTES = 320  # a block of a group's rows in `pack`'s layout (plane_dots.GROUP_BYTES)
 
 prange = range  # numba.prange once compiled (jit.compiled)
-INLINE = ("_tables", "compiled.plane_dots.lookup16", "compiled.llvm.prefetch", "compiled.plane_dots.PREFETCH_BYTES")
-lookup16 = prefetch = None  # plane_dots' and llvm's intrinsics, bound by jit.compiled
+INLINE = ("_tables", "compiled.plane_dots.lookup16", "compiled.plane_dots.lookup2", "compiled.llvm.prefetch",
+          "compiled.plane_dots.PREFETCH_BYTES")
+lookup16 = lookup2 = prefetch = None  # plane_dots' and llvm's intrinsics, bound by jit.compiled
+# Input rows `product` takes (a decode step's one, a speculative check of one guess): two rows share
+# the planes' indices (plane_dots.make_lookup); three keep 24 tables and 8 indices live and spill.
+# SmolLM2's 120 layer products, 2 threads, medians of 9 alternating rounds (Zen 5, December 2026),
+# lookups against quant_rows' blocks: 1 row 2.05 / 2.34 ms, 2 rows 2.77 / 3.35, 3 rows 5.49 / 3.44.
+ROWS_UP_TO = 2
 PREFETCH_BYTES = 0  # plane_dots.PREFETCH_BYTES, bound by jit.compiled
 
 
 def applies(w, rows: int = 1) -> bool:
-    """Whether `product` takes x [rows, K] @ w: one row, numba, AVX-512 (vpermps on 16 lanes, as
-    quant_dots.TABLE), and a Q4_1 QuantMatrix [in, out] whose parts have whole groups of 16 rows."""
-    if not (rows == 1 and jit.available() and isinstance(w, QuantMatrix) and not w.transposed
+    """Whether `product` takes x [rows, K] @ w: 1 to ROWS_UP_TO rows, numba, AVX-512 (vpermps on 16
+    lanes, as quant_dots.TABLE), and a Q4_1 QuantMatrix [in, out] whose parts have whole groups of 16 rows."""
+    if not (1 <= rows <= ROWS_UP_TO and jit.available() and isinstance(w, QuantMatrix) and not w.transposed
             and w.kind == "Q4_1" and all(raw.shape[0] % GROUP == 0 for raw in w.raws)):
         return False
     from .quant_dots import TABLE  # imports numba: only once the rest holds
@@ -118,9 +124,9 @@ def planes(w: QuantMatrix) -> tuple | None:
 
 
 def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray) -> np.ndarray:
-    """out = x @ w for x [1, K] float32 where `applies(w)`; out [1, N] float32, C-contiguous."""
-    if x.shape[0] != 1 or not applies(w):
-        raise ValueError(f"quant_planes.product takes one row times a Q4_1 QuantMatrix of whole groups of "
+    """out = x @ w for x [M, K] float32 where `applies(w, M)`; out [M, N] float32, C-contiguous."""
+    if not applies(w, x.shape[0]):
+        raise ValueError(f"quant_planes.product takes 1-{ROWS_UP_TO} rows times a Q4_1 QuantMatrix of whole groups of "
                          f"{GROUP} rows (with numba and AVX-512), got {x.shape[0]} rows times {w!r}")
     jit.compiled(_plane_rows)(np.ascontiguousarray(x), planes(w), w.cols, out, jit.threads())
     return out
@@ -172,18 +178,20 @@ def _tables(x, T, sx):  # pragma: no cover - compiled into _plane_rows
 
 
 def _plane_rows(x, planes, colss, out, threads):  # pragma: no cover - runs compiled by numba
-    """out[0, cols[n]] = x[0] . W[n] for every row n of each part (planes[p], colss[p]): the tables
-    once, then each thread a contiguous share of all parts' groups of 16 rows."""
-    K = x.shape[1]
+    """out[m, cols[n]] = x[m] . W[n] for each of x's 1-2 rows and every row n of each part (planes[p],
+    colss[p]): each row's tables once, then each thread a contiguous share of all parts' groups of
+    16 rows."""
+    M, K = x.shape
     nb = K // 32
-    T = np.empty((K // 4, 16), np.float32)
-    sx = np.empty(nb, np.float32)
-    _tables(x, T, sx)
+    T = np.empty((M, K // 4, 16), np.float32)
+    sx = np.empty((M, nb), np.float32)
+    for m in range(M):
+        _tables(x[m:m + 1], T[m], sx[m])
     total = 0
     for p in range(len(planes)):
         total += planes[p].shape[0]
     for t in prange(threads):
-        acc = np.empty(16, np.float32)
+        acc = np.empty((M, 16), np.float32)
         g0, g1 = t * total // threads, (t + 1) * total // threads
         base = 0
         for p in range(len(planes)):  # the first bytes of each part's share asked for at once, before any
@@ -195,7 +203,11 @@ def _plane_rows(x, planes, colss, out, threads):  # pragma: no cover - runs comp
             pl, cols = planes[p], colss[p]
             G = pl.shape[0]
             for g in range(max(g0, base), min(g1, base + G)):
-                lookup16(pl, (g - base) * nb * GROUP_BYTES, T, sx, nb, acc)
-                for r in range(16):
-                    out[0, cols[16 * (g - base) + r]] = acc[r]
+                if M == 1:
+                    lookup16(pl, (g - base) * nb * GROUP_BYTES, T, sx, nb, acc)
+                else:
+                    lookup2(pl, (g - base) * nb * GROUP_BYTES, T, sx, nb, acc)
+                for m in range(M):
+                    for r in range(16):
+                        out[m, cols[16 * (g - base) + r]] = acc[m, r]
             base += G

@@ -120,8 +120,8 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
     if M == 0:
         return out
     threads = jit.threads()
-    planes = quant_planes.planes(w) if M == 1 else None
-    if planes is not None:  # a decode step's row: by lookup (quant_planes)
+    planes = quant_planes.planes(w) if M <= quant_planes.ROWS_UP_TO else None
+    if planes is not None:  # a decode step's row (or two): by lookup (quant_planes)
         jit.compiled(quant_planes._plane_rows)(x, planes, w.cols, out, threads)
         return out
     if M <= ROWS_UP_TO:
