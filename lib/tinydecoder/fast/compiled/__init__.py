@@ -8,7 +8,8 @@
     vexp                a vectorisable exp for x <= 0 (softmax, SiLU)
     llvm                the inner loops the kernels inline, written in LLVM's IR
     quant_rows          rows times the GGUF file's own Q4_1 / Q8_0 blocks, read in place (quant_dots: its loops;
-                        quant_matrix: QuantMatrix, such a tensor as a weight, plain numpy)
+                        quant_decode: a block decoded in registers; quant_matrix: QuantMatrix, such a tensor
+                        as a weight, plain numpy)
     quant_planes        one row times Q4_1 weights laid out in bit planes, by table lookups (a decode step;
                         plane_dots: its loop)
     fma_peak            the cores' multiply-add roof, a compiled loop of them (bench's pass floors)

@@ -54,7 +54,7 @@ def applies(w, rows: int = 1) -> bool:
     if not (1 <= rows <= ROWS_UP_TO and jit.available() and isinstance(w, QuantMatrix) and not w.transposed
             and w.kind == "Q4_1" and all(raw.shape[0] % GROUP == 0 for raw in w.raws)):
         return False
-    from .quant_dots import TABLE  # imports numba: only once the rest holds
+    from .quant_decode import TABLE  # imports numba: only once the rest holds
 
     return TABLE
 

@@ -71,8 +71,8 @@ DENSE_UP_TO_WEIGHTS = 1 << 22
 _scratch = threading.local()  # _dense_scratch's buffer, one per thread
 
 prange = range  # numba.prange once compiled (jit.compiled)
-INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_dots.q41_dequant",
-          "compiled.quant_dots.q80_dequant",
+INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_decode.q41_dequant",
+          "compiled.quant_decode.q80_dequant",
           *(f"compiled.quant_dots.q{t}_outputs{R}" for t in ("41", "80") for R in (1, 2, 3, 4, 8)), "_outputs",
           "compiled.quant_dots.ROWS_A_CALL", "compiled.quant_dots.TABLE",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
