@@ -142,6 +142,9 @@ def test_bad_shapes_are_clear_errors():
         w.T[np.array([4])]
 
 
+_KERNELS = {}  # (maker, its arguments) -> the compiled caller, shared by the K below
+
+
 @needs_numba
 @pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
@@ -164,12 +167,16 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
     x = rng.standard_normal((8, K)).astype(np.float32)
     sx = x.reshape(8, -1, 32).sum(axis=2, dtype=np.float32)
     flat = raw.reshape(-1)
-    def compile_(intrinsic):  # a compiled function that calls the intrinsic at offsets 0
-        return numba.njit(lambda raw, x, K, sx, acc: intrinsic(raw, 0, x, 0, K, sx, 0, acc))
+
+    def compiled(make, *args):  # a compiled function that calls the intrinsic at offsets 0, once for every K
+        if (make, args) not in _KERNELS:
+            intrinsic = make(*args)
+            _KERNELS[make, args] = numba.njit(lambda raw, x, K, sx, acc: intrinsic(raw, 0, x, 0, K, sx, 0, acc))
+        return _KERNELS[make, args]
 
     alone = {}
     for R in (1, 2, 3, 4):
-        dots = compile_(qd.make_dots(kind, R, table))
+        dots = compiled(qd.make_dots, kind, R, table)
         acc = np.full((R, 33), np.nan, np.float32)
         dots(flat, x, K, sx, acc)
         got = acc[:, :32].astype(np.float64).sum(axis=1) + acc[:, 32]
@@ -177,7 +184,7 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
         assert (err <= bound(x[:R], raw[:1], kind, K)[:, 0]).all(), (R, err)
     for R in (1, 2, 3, 4, 8):
         for pair in (False, True):  # one output row at a time, or two side by side
-            outputs = compile_(qd.make_outputs(kind, O, table, R, pair))
+            outputs = compiled(qd.make_outputs, kind, O, table, R, pair)
             acc = np.full(O * R, np.nan, np.float32)
             outputs(flat, x, K, sx, acc)
             err = np.abs(acc.reshape(O, R) - W @ x[:R].T.astype(np.float64))
