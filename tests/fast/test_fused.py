@@ -151,3 +151,26 @@ def test_reserve_holds_rows_for_the_caller_and_grows():
     with pytest.raises(ValueError, match="201 positions do not fit the context of 200"):
         cache.reserve(1, 201)
     assert cache.lengths[1] == 0
+
+
+def test_passes_of_one_shape_reuse_their_scratch_and_agree(layers_run):
+    """reused_scratch: one set of work arrays per shape and thread; a pass leaves nothing in them that
+    the next one reads (the same steps from the same cache give the same logits, whatever ran between)."""
+    ref, model = pair(CONFIGS["gqa"])
+    first = fused.reused_scratch(model, 3, 50)
+    assert fused.reused_scratch(model, 3, 90) is first  # the same shape (attention's tasks: as many)
+    assert fused.reused_scratch(model, 5, 50) is not first and fused.reused_scratch(model, 3, 2) is not first
+    import threading
+
+    other = []
+    thread = threading.Thread(target=lambda: other.append(fused.reused_scratch(model, 3, 50)))
+    thread.start()
+    thread.join()
+    assert other[0] is not first  # each thread its own
+    cache = model.new_cache(60)
+    fast.forward(model, tokens(20, seed=3), cache)
+    steps = [fast.forward(model, tokens(3, seed=s), cache.copy(3)) for s in (1, 2, 1)]
+    fast.forward(model, tokens(5, seed=9), cache.copy(5))  # another shape in between
+    again = fast.forward(model, tokens(3, seed=1), cache.copy(3))
+    assert layers_run and np.array_equal(steps[0], steps[2]) and np.array_equal(steps[0], again)
+    assert not np.array_equal(steps[0], steps[1])

@@ -284,12 +284,12 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
     x = embed_tokens(model, ids, positions)  # [N, D], a fresh array: updated in place below
     N, D = x.shape
     tables = rope_tables(cfg, positions, x.dtype) if cfg.position == "rope" else None
-    buffers = _Buffers(cfg, N, x.dtype, tiled=x.dtype == np.float32 and N > tunables.SWEEPS_UP_TO_ROWS)
+    buffers = None  # the unfused blocks' work arrays, made when a layer first needs them
     if keep is not None and len(keep) == N:  # one new token per sequence: every row is kept
         keep = None
     use_numba = x.dtype == np.float32 and jit.available()
     with jit.one_blas_thread() if use_numba else contextlib.nullcontext():  # numba's threads run the kernels
-        work = None if fused_cache is None else fused.scratch(model, N, len(fused_cache) + N)
+        work = None if fused_cache is None else fused.reused_scratch(model, N, len(fused_cache) + N)
         for l, layer in enumerate(model.layers):
             rows = keep if l == cfg.n_layers - 1 else None
             if work is not None and rows is None and fused.fits(layer):
@@ -297,6 +297,8 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
             elif work is not None and rows is None and fused_quant.fits(layer, N):  # the file's blocks
                 fused_quant.layer(model, l, x, tables, fused_cache, work)
             else:
+                if buffers is None:
+                    buffers = _Buffers(cfg, N, x.dtype, tiled=x.dtype == np.float32 and N > tunables.SWEEPS_UP_TO_ROWS)
                 x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
         h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, empty64(x.shape, x.dtype))
         return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
