@@ -22,7 +22,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit
-from .quant_decode import has_avx512
+from .llvm import has_avx512
 
 CHAINS = 12  # independent values: a multiply-add's latency (4 cycles) x its throughput (2 a cycle), and some
 LANES = 16 if has_avx512() else 8  # the widest vector of float32 the target has (12 of them fit its registers)

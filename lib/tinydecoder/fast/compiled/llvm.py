@@ -16,12 +16,25 @@ modules that call them say what each call computes and what it measured.
 """
 from __future__ import annotations
 
+import numba
+from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .. import tunables
+
+
+def has_avx512() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 (512-bit vectors, 32 of them; vpermps on 16 lanes): its NUMBA_CPU_NAME /
+    NUMBA_CPU_FEATURES when set, else this machine's."""
+    if numba.config.CPU_FEATURES:
+        return "+avx512f" in numba.config.CPU_FEATURES.split(",")
+    if numba.config.CPU_NAME and numba.config.CPU_NAME != "host":
+        return False  # a named CPU without a feature list: not assumed
+    return bool(llvm_binding.get_host_cpu_features().get("avx512f", False))
+
 
 PREFETCH_TASKS = 1  # while a tile's task computes, fetch the weights of the task this many ahead
 KDOTS_PREFETCH_ROWS = 6  # while the k-vector tiles compute, fetch the weight rows this many ahead
@@ -63,8 +76,8 @@ def _shuffler(builder):
     return shuffle
 
 
-def _open_loop(builder, name: str, n_sums: int):
-    """Start a loop over a counter from 0 with n_sums vectors of sums from zero: -> (loop, its
+def _open_loop(builder, name: str, n_sums: int, vec=_VEC):
+    """Start a loop over a counter from 0 with n_sums vectors (`vec`) of sums from zero: -> (loop, its
     counter, the sums' phis); the builder is then inside the loop's block. `_close_loop` ends it."""
     begin = builder.block
     loop = builder.append_basic_block(f"{name}.loop")
@@ -72,9 +85,9 @@ def _open_loop(builder, name: str, n_sums: int):
     builder.position_at_end(loop)
     counter = builder.phi(_I64)
     counter.add_incoming(ir.Constant(_I64, 0), begin)
-    sums = [builder.phi(_VEC) for _ in range(n_sums)]
+    sums = [builder.phi(vec) for _ in range(n_sums)]
     for phi in sums:
-        phi.add_incoming(ir.Constant(_VEC, None), begin)
+        phi.add_incoming(ir.Constant(vec, None), begin)
     return loop, counter, sums
 
 
@@ -91,10 +104,14 @@ def _close_loop(builder, loop, counter, step: int, stop, sums, new) -> None:
     builder.position_at_end(done)
 
 
-def make_tile(outputs: int, rows: int, locality: int = 3):
-    """The tile intrinsic for `outputs` weight rows x `rows` input rows (a multiple of 8: that many
-    vectors of 8 sums per output), prefetching the next task's weights with LLVM's `locality` hint."""
-    vectors = rows // 8
+def make_tile(outputs: int, rows: int, locality: int = 3, lanes: int = 8):
+    """The tile intrinsic for `outputs` weight rows x `rows` input rows (a multiple of `lanes`: that
+    many vectors of `lanes` sums per output; 16 needs AVX-512's registers, else LLVM splits each in
+    two), prefetching the next task's weights with LLVM's `locality` hint."""
+    if rows % lanes:
+        raise ValueError(f"a tile's rows are whole vectors of {lanes} lanes, not {rows}")
+    vectors = rows // lanes
+    vec = ir.VectorType(_F32, lanes)
 
     @intrinsic
     def tile_(typingctx, wt, w_start, x, start, step, K, acc):
@@ -122,14 +139,15 @@ def make_tile(outputs: int, rows: int, locality: int = 3):
             w_rows = [builder.gep(w0, [builder.mul(const(r), w_stride)]) for r in range(outputs)]
             x_block = builder.gep(_floats(builder, xa), [start_])
             ahead = builder.gep(w_rows[0], [builder.mul(w_stride, const(outputs * PREFETCH_TASKS))])
-            fma = _fma(builder)
-            undef = ir.Constant(_VEC, ir.Undefined)
-            broadcast = ir.Constant(ir.VectorType(_I32, 8), None)  # shuffle mask of zeros: lane 0 everywhere
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{lanes}f32")
+            undef = ir.Constant(vec, ir.Undefined)
+            broadcast = ir.Constant(ir.VectorType(_I32, lanes), None)  # shuffle mask of zeros: lane 0 everywhere
 
-            # for k in range(K); sums [r][vector]: rows 0-7, 8-15, ...
-            loop, k, sums = _open_loop(builder, "tile", vectors * outputs)
+            # for k in range(K); sums [r][vector]: rows 0 .. lanes-1, lanes .., ...
+            loop, k, sums = _open_loop(builder, "tile", vectors * outputs, vec)
             x_k = builder.gep(x_block, [builder.mul(k, step_)])
-            xs = [_load_vec(builder, builder.gep(x_k, [const(8 * v)])) for v in range(vectors)]
+            xs = [builder.load(builder.bitcast(builder.gep(x_k, [const(lanes * v)]), vec.as_pointer()), align=4)
+                  for v in range(vectors)]
             # the next task's weight rows (for a product: one block of 6K floats): `outputs` floats of it per k
             _prefetch_line(builder, builder.gep(ahead, [builder.mul(k, const(outputs))]), locality)
             new = []
@@ -138,9 +156,9 @@ def make_tile(outputs: int, rows: int, locality: int = 3):
                 w8 = builder.shuffle_vector(builder.insert_element(undef, w, ir.Constant(_I32, 0)), undef, broadcast)
                 new += [builder.call(fma, [w8, xs[v], sums[vectors * r + v]]) for v in range(vectors)]
             _close_loop(builder, loop, k, 1, K, sums, new)
-            # acc[r, 8v:8v+8] = the sums of vector v
+            # acc[r, lanes v : lanes (v + 1)] = the sums of vector v
             for i, value in enumerate(new):
-                builder.store(value, builder.bitcast(builder.gep(_floats(builder, aa), [const(8 * i)]), _VEC.as_pointer()),
+                builder.store(value, builder.bitcast(builder.gep(_floats(builder, aa), [const(lanes * i)]), vec.as_pointer()),
                               align=4)
             return context.get_dummy_value()
 

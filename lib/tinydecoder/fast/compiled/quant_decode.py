@@ -14,28 +14,17 @@ then exactly float32's dequantisation of it, the f32 path's weight.
 """
 from __future__ import annotations
 
-import numba
-from llvmlite import binding as llvm_binding
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .llvm import has_avx512
 from .quant_matrix import BLOCK_BYTES
 
 _F32, _I64, _I32, _I16, _I8 = ir.FloatType(), ir.IntType(64), ir.IntType(32), ir.IntType(16), ir.IntType(8)
 _V32 = ir.VectorType(_F32, 32)
 _V16 = ir.VectorType(_F32, 16)
-
-
-def has_avx512() -> bool:
-    """Whether numba compiles for a CPU with AVX-512 (the table's vpermps): its NUMBA_CPU_NAME /
-    NUMBA_CPU_FEATURES when set, else this machine's."""
-    if numba.config.CPU_FEATURES:
-        return "+avx512f" in numba.config.CPU_FEATURES.split(",")
-    if numba.config.CPU_NAME and numba.config.CPU_NAME != "host":
-        return False  # a named CPU without a feature list: not assumed
-    return bool(llvm_binding.get_host_cpu_features().get("avx512f", False))
 
 
 TABLE = has_avx512()  # Q4_1 blocks by table (module docstring) where the CPU has vpermps on 16 lanes

@@ -61,7 +61,7 @@ from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # no
 # 500-518 against 459-468 (the dense path's copies cost more inside a step than alone), so a
 # prefill of 17+ tokens keeps the tiles while a batch of up to 16 sequences runs `_rows`.
 ROWS_UP_TO = 16
-TILE_OUTPUTS = 6  # output rows a `_tiles` task dequantises (tiles.OUTPUTS)
+TILE_OUTPUTS = 6  # output rows a `_tiles` task dequantises: tiles.TILE_OUTPUTS, bound by jit.compiled
 # From this many rows (a prefill), a matrix of at most DENSE_UP_TO_WEIGHTS weights is dequantised
 # whole into float32 and multiplied by tiles.py's product; a larger one (the 28M-weight head over
 # every row) runs `_tiles` without the copy. SmolLM2, 2 threads (medians of 15): 100 tokens 0.109 s
@@ -71,7 +71,8 @@ DENSE_UP_TO_WEIGHTS = 1 << 22
 _scratch = threading.local()  # _dense_scratch's buffer, one per thread
 
 prange = range  # numba.prange once compiled (jit.compiled)
-INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.quant_decode.q41_dequant",
+INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.tiles.TILE_OUTPUTS",
+          "compiled.quant_decode.q41_dequant",
           "compiled.quant_decode.q80_dequant",
           *(f"compiled.quant_dots.q{t}_outputs{R}" for t in ("41", "80") for R in (1, 2, 3, 4, 8)), "_outputs",
           "compiled.quant_dots.ROWS_A_CALL", "compiled.quant_dots.TABLE",
@@ -258,22 +259,23 @@ def _tiles(full, last, M, raws, colss, q4_1, out, threads):  # pragma: no cover 
     while they sit in cache."""
     blocks = full.shape[0]
     K = full.shape[1] if blocks else last.shape[1]
+    O = TILE_OUTPUTS
     total = 0
     for p in range(len(raws)):
-        total += -(-raws[p].shape[0] // 6)
+        total += -(-raws[p].shape[0] // O)
     for t in prange(threads):
-        w6 = np.empty((6, K), np.float32)  # rows past a last task's few stay unused
-        acc = np.empty((6, 16), np.float32)
-        acc8 = np.empty((6, 8), np.float32)
+        w6 = np.empty((O, K), np.float32)  # rows past a last task's few stay unused
+        acc = np.empty((O, 16), np.float32)
+        acc8 = np.empty((O, 8), np.float32)
         g0, g1 = t * total // threads, (t + 1) * total // threads
         base = 0
         for p in range(len(raws)):
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
-            tasks = -(-N // 6)
+            tasks = -(-N // O)
             for g in range(max(g0, base), min(g1, base + tasks)):
-                n0 = 6 * (g - base)
-                rows = min(6, N - n0)
+                n0 = O * (g - base)
+                rows = min(O, N - n0)
                 for r in range(rows):
                     if q4_1:
                         q41_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)

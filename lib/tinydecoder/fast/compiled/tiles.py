@@ -51,13 +51,17 @@ from .. import tunables
 from ..aligned import empty64
 from . import few_rows, jit
 from .few_rows import dot_rows
-from .llvm import make_tile, transpose8
+from .llvm import has_avx512, make_tile, transpose8
 
 prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("dot_rows",)  # compiled into `_rows_times_tiles` (jit.compiled)
 
-OUTPUTS = 6  # outputs (weight rows) per tile: one broadcast each per k
-ROWS = 16  # input rows per tile: two vectors of 8 float32
+LANES = 16 if has_avx512() else 8  # a tile's 16 rows: one AVX-512 vector per output, else two of AVX2's 8
+# Outputs (weight rows) per tile, one broadcast each per k: with 16 lanes, 12 sums (one vector each)
+# and 13 loads a k for 12 multiply-adds; with 8, 6 x 2 vectors (AVX2 has 16 registers).
+OUTPUTS = 12 if LANES == 16 else 6
+TILE_OUTPUTS = OUTPUTS  # the name quant_rows binds it by (it has OUTPUTS of its own)
+ROWS = 16  # input rows per tile
 
 
 def pack_rows(x: np.ndarray, rows: int = ROWS) -> np.ndarray:
@@ -162,6 +166,6 @@ def _rows_times_tiles(full, last, x, wt, out, threads):  # pragma: no cover - ru
     return out
 
 
-tile = make_tile(OUTPUTS, ROWS)  # 6 outputs x 16 rows, for a task over several blocks of rows (a prefill)
-tile_stream = make_tile(OUTPUTS, ROWS, tunables.STREAM_PREFETCH)  # ... over one block (16 rows: a batch's step)
+tile = make_tile(OUTPUTS, ROWS, lanes=LANES)  # 6 outputs x 16 rows, for a task over several blocks of rows (a prefill)
+tile_stream = make_tile(OUTPUTS, ROWS, tunables.STREAM_PREFETCH, LANES)  # ... over one block (16 rows: a batch's step)
 tile8 = make_tile(OUTPUTS, 8, tunables.STREAM_PREFETCH)  # 6 outputs x 8 rows: a last block of 1-8 rows
