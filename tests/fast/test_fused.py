@@ -159,7 +159,7 @@ def test_passes_of_one_shape_reuse_their_scratch_and_agree(layers_run):
     ref, model = pair(CONFIGS["gqa"])
     first = fused.reused_scratch(model, 3, 50)
     assert fused.reused_scratch(model, 3, 90) is first  # the same shape (attention's tasks: as many)
-    assert fused.reused_scratch(model, 5, 50) is not first and fused.reused_scratch(model, 3, 2) is not first
+    assert fused.reused_scratch(model, 5, 50) is not first and fused.reused_scratch(model, 3, 1) is not first
     import threading
 
     other = []

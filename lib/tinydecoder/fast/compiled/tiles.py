@@ -9,13 +9,16 @@ vector of 8 partial sums): each vector multiply-add needs a load or two of its o
 the M x N sums ends in a horizontal add. A BLAS GEMM instead keeps a small tile
 of the output in registers and grows it by outer products:
 
-    acc[r, j] += w[n + r, k] * x[m + j, k]       for k = 0 .. K-1,  r < 6, j < 16
+    acc[r, j] += w[n + r, k] * x[m + j, k]       for k = 0 .. K-1,  r < OUTPUTS, j < 16
 
-Here a tile is 6 outputs x 16 input rows: 12 AVX registers of 8 sums. At each k, two loads
-bring x[m:m+16, k] (the rows are packed so that these 16 numbers lie together), six broadcasts
-bring w[n:n+6, k], and 12 fused multiply-adds follow: 8 loads feed 96 multiply-adds, and no sum
-needs a horizontal add. The weights are read where they lie (out-major: the 6 rows of a task
-are one contiguous block of memory, read front to back), and while a task computes, it asks the
+Here a tile is OUTPUTS outputs x 16 input rows. With AVX-512 (`LANES` = 16): 12 outputs, one
+register of 16 sums each; at each k one load brings x[m:m+16, k] (the rows are packed so that
+these 16 numbers lie together), twelve broadcasts bring w[n:n+12, k], and 12 fused multiply-adds
+follow: 13 loads feed 192 multiply-adds. With AVX2's 8 lanes and 16 registers: 6 outputs x 2
+registers, 8 loads for 96. No sum needs a horizontal add. (Until December 2026 every CPU ran the
+8-lane tile: on AVX-512, half the cores' multiply-adds; docs/fast_path.md has the measurements.)
+The weights are read where they lie (out-major: the OUTPUTS rows of a task are one contiguous
+block of memory, read front to back), and while a task computes, it asks the
 memory for the next task's block (a prefetch), so the read overlaps the arithmetic. Where a
 task takes one block of rows (at most 16 rows: a decode step's 5-8, a batch's step), its
 weights are used once, and the prefetch brings the next task's into L2 only (`tile_stream`,
@@ -57,9 +60,10 @@ prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("dot_rows",)  # compiled into `_rows_times_tiles` (jit.compiled)
 
 LANES = 16 if has_avx512() else 8  # a tile's 16 rows: one AVX-512 vector per output, else two of AVX2's 8
-# Outputs (weight rows) per tile, one broadcast each per k: with 16 lanes, 12 sums (one vector each)
-# and 13 loads a k for 12 multiply-adds; with 8, 6 x 2 vectors (AVX2 has 16 registers).
-OUTPUTS = 12 if LANES == 16 else 6
+# Outputs (weight rows) per tile by lanes, one broadcast each per k: with 16 lanes, 12 sums (one
+# vector each) and 13 loads a k for 12 multiply-adds; with 8, 6 x 2 vectors (AVX2 has 16 registers).
+OUTPUTS_FOR_LANES = {16: 12, 8: 6}
+OUTPUTS = OUTPUTS_FOR_LANES[LANES]
 TILE_OUTPUTS = OUTPUTS  # the name quant_rows binds it by (it has OUTPUTS of its own)
 ROWS = 16  # input rows per tile
 
