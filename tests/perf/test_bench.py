@@ -196,6 +196,7 @@ def test_cli_bench_json_for_the_toy(capsys):
     if result["fma_gflops"]:  # the cores' roof beside numpy's, and what share of it numpy reaches
         share = f"{result['matmul_gflops'] / result['fma_gflops']:.0%}"
         assert "FMA peak" in text and f"numpy's matmul reaches {share} of it" in text
+        assert f"{result['prefill_gflops']['128'] / result['fma_gflops']:.0%} of the FMA peak" in text
 
 
 def test_describe_cpu_from_cpuinfo():

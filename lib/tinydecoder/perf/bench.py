@@ -295,8 +295,9 @@ def format_report(result: dict) -> str:
                      f"compiled; numpy's matmul reaches {result['matmul_gflops'] / result['fma_gflops']:.0%} of it)")
     lines.append("")
     for n, tps in result["prefill_tokens_per_second"].items():
+        peak = f"{result['prefill_gflops'][n] / result['fma_gflops']:.0%} of the FMA peak, " if result.get("fma_gflops") else ""
         lines.append(f"prefill {n:>5} tokens  {tps:10.1f} tokens/s  {result['prefill_gflops'][n]:7.2f} GFLOP/s "
-                     f"({100 * result['prefill_matmul_fraction'][n]:.0f}% of matmul: "
+                     f"({peak}{100 * result['prefill_matmul_fraction'][n]:.0f}% of matmul: "
                      f"{result['prefill_matmul_gflops'][n]:.1f} GFLOP/s measured beside it)")
     for c, tps in result["decode_tokens_per_second"].items():
         lines.append(f"decode at {c:>5} ctx  {tps:10.1f} tokens/s  "
