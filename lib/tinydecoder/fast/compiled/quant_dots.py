@@ -175,9 +175,9 @@ def make_dots(kind: str, R: int, table: bool = False):
     return _blocks_intrinsic(emit)
 
 
-def _reduce32(builder, v):
-    """The sum of a <32 x float>'s lanes (halves added until one lane is left)."""
-    n = 32
+def _reduce(builder, v):
+    """The sum of a float vector's lanes (halves added until one lane is left)."""
+    n = v.type.count
     while n > 1:
         n //= 2
         low, high = (ir.Constant(ir.VectorType(_I32, n), [ir.Constant(_I32, first + i) for i in range(n)]) for first in (0, n))
@@ -228,9 +228,6 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool 
                 _prefetch_line(builder, builder.gep(p, [c64(PREFETCH_BYTES + line)]))
             return []
 
-        def reduce(v):
-            return _reduce32(builder, v) if v.type == _V32 else _reduce16(builder, v)
-
         lanes = _V16 if narrow else _V32
         group = 2 if pair else 1
         zero = ([ir.Constant(lanes, None)] * R + [ir.Constant(_F32, 0.0)] * R) * group
@@ -250,7 +247,7 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool 
             final = _loop(builder, main_end, nb, 1, sums, lambda b, st, outs=outs: block(outs, b, st))
             for i, oi in enumerate(outs):
                 for r in range(R):
-                    builder.store(builder.fadd(reduce(final[2 * R * i + r]), final[2 * R * i + R + r]),
+                    builder.store(builder.fadd(_reduce(builder, final[2 * R * i + r]), final[2 * R * i + R + r]),
                                   builder.gep(acc_p, [c64(oi * R + r)]), align=4)
 
     return _blocks_intrinsic(emit)
@@ -284,16 +281,6 @@ def _against_rows(builder, a: _Args, decoded: list, b, st: list, R: int, narrow:
                     s = builder.load(builder.gep(a.sx, [builder.add(builder.mul(c64(r), a.nb), b)]), align=4)
                 msums[i][r] = builder.call(fma1, [m, s, msums[i][r]])
     return sum((sums[i] + msums[i] for i in range(len(decoded))), [])
-
-
-def _reduce16(builder, v):
-    """The sum of a <16 x float>'s lanes (halves added until one lane is left)."""
-    n = 16
-    while n > 1:
-        n //= 2
-        low, high = (ir.Constant(ir.VectorType(_I32, n), [ir.Constant(_I32, first + i) for i in range(n)]) for first in (0, n))
-        v = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high))
-    return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
 OUTPUTS = 4  # output rows per call of the `outputs` kernels below
