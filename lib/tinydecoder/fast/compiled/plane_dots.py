@@ -1,7 +1,7 @@
 """quant_planes' inner loop in LLVM's IR (a numba intrinsic; this module imports numba): 16 output
 rows of Q4_1 weights, stored as bit planes, against one input row, by table lookups.
 
-    lookup16(planes, p_start, T, sx, nb, acc)
+    lookup16(planes, p_start, T, sx, nb, acc)      # one input row; make_lookup(R): R rows, acc [R, 16]
 
 writes acc[0:16] = the dot products of the input row with 16 consecutive output rows, whose nb
 blocks of 32 weights are planes.flat[p_start:] as quant_planes lays them out (GROUP_BYTES a block:
