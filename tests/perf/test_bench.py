@@ -172,6 +172,8 @@ def test_cli_bench_json_for_the_toy(capsys):
     for key in ("bandwidth_gbps", "matmul_gflops"):
         assert result[key] > 0
     assert result["fma_gflops"] is None or result["fma_gflops"] > 0  # None without numba
+    roof = result["fma_gflops"] or result["matmul_gflops"]  # the compute roof of the ridge and the batch predictions
+    assert result["ridge_flops_per_byte"] == pytest.approx(roof / result["bandwidth_gbps"])
     assert set(result["prefill_tokens_per_second"]) == {"128", "512"}
     for key in ("decode_tokens_per_second", "decode_roof_fraction"):
         assert set(result[key]) == {"128", "512", "2048"} and all(v > 0 for v in result[key].values())

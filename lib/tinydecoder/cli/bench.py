@@ -65,8 +65,9 @@ def weights_section(args, model, weights: str, result: dict) -> dict:
 
     names = ("q4_1", "f32") if args.model == "smollm2" else ("f32",)
     models = {name: model if name == weights else load_bench_model(args.model, name) for name in names}
+    roof = result.get("fma_gflops") or result["matmul_gflops"]  # the compute roof, as bench's batch table uses
     section = compare_weights(models, rounds=max(3, args.repeat), bandwidth_gbps=result["bandwidth_gbps"],
-                              peak_gflops=result["matmul_gflops"], fma_gflops=result.get("fma_gflops"))
+                              peak_gflops=roof, fma_gflops=result.get("fma_gflops"))
     result["targets"].update(weights_targets(section))
     if "q4_1" in section:
         from ..checkpoint.registry import open_tokenizer

@@ -1,7 +1,7 @@
 """The roofline, measured: this machine's two roofs, the arithmetic intensity of every op of a
 layer (from a `Trace`), and the model's prefill, decode and batched-decode speed.
 
-    attainable FLOP/s = min(peak matmul FLOP/s, bandwidth * intensity),
+    attainable FLOP/s = min(peak FLOP/s, bandwidth * intensity),
     intensity = FLOPs / bytes moved (each input read once, the output written once).
 
 An op whose intensity is below the ridge point (peak / bandwidth) waits on memory; above it,
@@ -9,7 +9,8 @@ on arithmetic. A decode step multiplies one row by every weight matrix: ~2 FLOPs
 float32 weight, 0.5 FLOP/byte, far below the ridge. Prefill and batched decode reuse each
 weight for many rows, so their intensity grows with the number of rows.
 
-The roofs and timers are in `machine.py` (re-exported here). The roofs are the fastest of a few
+The peak is the cores' fused multiply-adds (`measure_fma_peak`, numba), else numpy's GEMM, which
+is printed beside it either way. The roofs and timers are in `machine.py` (re-exported here). The roofs are the fastest of a few
 runs (what the machine can do); the model's speeds are medians (a typical run). A share of a
 roof pairs each timed run with a probe run just before it (DECODE_BURST decode steps with the
 bandwidth probe, a prefill with the matmul probe), since a shared machine's roofs move from
@@ -222,6 +223,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
     peak = measure_matmul(matmul_n, repeat=max(2, repeat))
     bw, gflops = roofs["bandwidth_gbps"], peak["matmul_gflops"]
     fma = measure_fma_peak()
+    roof = fma or gflops  # the compute roof: the cores' multiply-adds where numba measures them, else numpy's GEMM
     reference.forward(model, bench_tokens(model, 1), last_only=True)  # touch every weight once (memory maps)
     flops_probe = matmul_probe(matmul_n)
     prefill = {n: prefill_speed(model, n, repeat, path, probe=flops_probe) for n in lengths}
@@ -234,7 +236,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
     speculative = speculative_speedup(model, prompts, stop_tokens=stop_tokens, repeat=moving) if prompts else None
     settle()
     batch = batch_decode_speed(model, batch_sizes, batch_context, steps=moving, cache=cache,
-                               bandwidth_gbps=bw, peak_gflops=gflops, path=path)
+                               bandwidth_gbps=bw, peak_gflops=roof, path=path)
     base = batch[0]["tokens_per_second"] if batch and batch[0]["batch"] == 1 else None
     for row in batch:
         row["speedup_vs_batch_1"] = row["tokens_per_second"] / base if base else None
@@ -247,7 +249,7 @@ def run_bench(model: Model, *, lengths=(128, 512), decode_contexts=(128, 512, 20
         "copy_bandwidth_gbps": roofs["copy_gbps"],
         "matmul_gflops": gflops,
         "fma_gflops": fma,
-        "ridge_flops_per_byte": ridge_point(bw, gflops),
+        "ridge_flops_per_byte": ridge_point(bw, roof),
         "prefill_tokens_per_second": {str(n): p["tokens_per_second"] for n, p in prefill.items()},
         "prefill_gflops": {str(n): p["gflops"] for n, p in prefill.items()},
         "prefill_matmul_gflops": {str(n): p["matmul_gflops"] for n, p in prefill.items()},
@@ -288,11 +290,12 @@ def format_report(result: dict) -> str:
     lines = [f"model {result['model']}: {result['weights_bytes'] / 1e6:.3f} MB of weights; {result['cpu']}",
              f"memory bandwidth  {result['bandwidth_gbps']:8.2f} GB/s  (matrix-vector; copy "
              f"{result['copy_bandwidth_gbps']:.2f} GB/s)",
-             f"matmul            {result['matmul_gflops']:8.2f} GFLOP/s  (ridge point "
-             f"{result['ridge_flops_per_byte']:.1f} FLOP/byte)"]
+             f"matmul            {result['matmul_gflops']:8.2f} GFLOP/s  (numpy's float32 GEMM)"]
     if result.get("fma_gflops"):
         lines.append(f"FMA peak          {result['fma_gflops']:8.2f} GFLOP/s  (the cores' fused multiply-adds, "
                      f"compiled; numpy's matmul reaches {result['matmul_gflops'] / result['fma_gflops']:.0%} of it)")
+    lines.append(f"ridge point       {result['ridge_flops_per_byte']:8.1f} FLOP/byte  (the compute roof: "
+                 f"{'the FMA peak' if result.get('fma_gflops') else 'matmul'}, over the bandwidth)")
     lines.append("")
     for n, tps in result["prefill_tokens_per_second"].items():
         peak = f"{result['prefill_gflops'][n] / result['fma_gflops']:.0%} of the FMA peak, " if result.get("fma_gflops") else ""
