@@ -178,7 +178,11 @@ def test_cli_generate_json(model, capsys, cache_flag):
     assert set(result) == {"prompt_token_ids", "token_ids", "text", "prefill_seconds",
                            "decode_tokens_per_second", "cache_bytes", "malloc_keeps_freed_memory", "finish_reason",
                            "weights"}
-    assert result["weights"] == "q4_1"  # generate's default for one stream
+    from tinydecoder.checkpoint.registry import one_stream_weights
+    from tinydecoder.fast.compiled import jit
+
+    assert result["weights"] == one_stream_weights()  # generate's default for one stream: q4_1 with numba, else f32
+    assert result["weights"] == ("q4_1" if jit.available() else "f32")
     assert result["finish_reason"] == "length"  # 4 tokens asked, no end token among them
     assert result["malloc_keeps_freed_memory"] in (True, False)  # True on Linux with glibc: the CLI opts in
     assert result["prompt_token_ids"] == FRANCE_IDS and result["token_ids"][0] == PARIS_ID
