@@ -292,8 +292,9 @@ OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1, 8: 1}
 # products (Q4_1) and its head (Q8_0), 2 threads, medians of 9 alternating rounds, ms, one output at
 # a time / pairs: Q4_1 2 rows 3.12 / 3.23, 3 rows 3.50 / 3.43, 4 rows 3.94 / 3.89, 8 rows 6.37 / 5.63;
 # Q8_0 2 rows 0.89 / 0.74, 3 rows 1.05 / 0.72, 4 rows 1.28 / 0.90, 8 rows 1.71 / 1.34 (a Q4_1 block's
-# decoding by table costs more than its input rows' loads; a Q8_0 block's conversion less).
-PAIR_FROM = {"Q4_1": 3, "Q8_0": 2}
+# decoding by table costs more than its input rows' loads; a Q8_0 block's conversion less). AVX-512
+# only: two outputs' 32-lane sums for 2-4 rows fill AVX2's 16 registers twice over.
+PAIR_FROM = {"Q4_1": 3, "Q8_0": 2} if has_avx512() else {"Q4_1": 9, "Q8_0": 9}
 q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4, q41_outputs8 = (
     make_outputs("Q4_1", OUTPUTS, TABLE, R, pair=R >= PAIR_FROM["Q4_1"]) for R in (1, 2, 3, 4, 8))
 q80_outputs1, q80_outputs2, q80_outputs3, q80_outputs4, q80_outputs8 = (
