@@ -11,8 +11,8 @@ tasks of 16 query rows of one KV head, spread over numba's threads, each computi
     w[t, j] = exp(P[t, j] - max_t P) / sum_t exp(...)   over t <= the position of row j,
     out_j = sum_t w[t, j] v_t
 
-with tiles.py's register tile for both products: 6 keys x 16 rows for the scores (the keys
-are the "weights", the rows' q packed as tiles.pack_rows packs rows), and 6 output columns x
+with tiles.py's register tile for both products: OUTPUTS keys x 16 rows for the scores (the keys
+are the "weights", the rows' q packed as tiles.pack_rows packs rows), and OUTPUTS output columns x
 16 rows for the weighted values (V transposed: each column of V is a "weight row" over t;
 P is stored [t, 16], already the packed layout the tile reads). The softmax runs down the 16
 columns of P at once (`vexp.exp_le0`). The same compiled call first lays these operands out
@@ -56,7 +56,7 @@ def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray 
                          f"v {v.dtype}{list(v.shape)}")
     g = Hq // Hkv
     packed = np.empty((Hkv, -(-S * g // ROWS), d, ROWS), np.float32)  # rows r = s * g + i of KV head h, 16 a block
-    keys = np.empty((Hkv, -(-T // OUTPUTS) * OUTPUTS, d), np.float32)  # tiles of 6 keys: zero keys past T
+    keys = np.empty((Hkv, -(-T // OUTPUTS) * OUTPUTS, d), np.float32)  # tiles of OUTPUTS keys: zero keys past T
     values_t = np.empty((Hkv, -(-d // OUTPUTS) * OUTPUTS, T), np.float32)  # V transposed, zero columns past d
     out = np.empty((S, Hq * d), np.float32) if out is None else out
     jit.compiled(_attend_tasks)(q, k, v, np.float32(1.0 / math.sqrt(d)), packed, keys, values_t, out,
@@ -68,8 +68,8 @@ def _attend_tasks(q, k, v, scale, packed, keys, values_t, out, threads):  # prag
     """out[s, (h * g + i) * d + c] for every query s, query head h * g + i of KV head h and
     column c (see attend_prefill). First every thread lays out its share of the operands for the
     tiles: the rows r = s * g + i of each KV head, times `scale`, packed as tiles.pack_rows packs
-    rows (`packed` [Hkv, blocks, d, 16]); the keys by head (`keys` [Hkv, T rounded up to 6, d]);
-    the values by head and column (`values_t` [Hkv, d rounded up to 6, T]). Then the tasks (h,
+    rows (`packed` [Hkv, blocks, d, 16]); the keys by head (`keys` [Hkv, T rounded up to OUTPUTS, d]);
+    the values by head and column (`values_t` [Hkv, d rounded up to OUTPUTS, T]). Then the tasks (h,
     block of 16 rows), dealt to the threads in turn (later blocks see more keys: each thread gets
     some of each)."""
     S, Hq, d = q.shape
@@ -98,7 +98,7 @@ def _attend_tasks(q, k, v, scale, packed, keys, values_t, out, threads):  # prag
             p = scores[0]  # [t, 16]
             _scores(keys[h], packed[h], b, seen, acc, p)
             _softmax_columns(p, stop, everyone, seen, top, total)
-            for c0 in range(0, columns, OUTPUTS):  # weighted values, 6 columns x 16 rows a tile
+            for c0 in range(0, columns, OUTPUTS):  # weighted values, OUTPUTS columns x 16 rows a tile
                 tile(values_t[h], c0 * T, scores, 0, ROWS, seen, acc)
                 for j in range(ROWS):
                     r = b * ROWS + j
@@ -163,8 +163,9 @@ def _lay_out_keys_values(k, v, keys, values_t, h, t0):  # pragma: no cover - run
 
 
 def _scores(keys, packed, b, seen, acc, p):  # pragma: no cover - runs compiled by numba
-    """p[t, j] = keys[t] . (row j of packed block b) for t < seen (rounded up to 6), a tile of 6
-    keys x 16 rows at a time, whose sums [6, 16] the tile stores straight into p's rows t0 .. t0+5."""
+    """p[t, j] = keys[t] . (row j of packed block b) for t < seen (rounded up to OUTPUTS), a tile of OUTPUTS
+    keys x 16 rows at a time, whose sums [OUTPUTS, 16] the tile stores straight into p's rows t0 ..
+    t0 + OUTPUTS - 1."""
     d = packed.shape[1]
     for t0 in range(0, seen, OUTPUTS):
         tile(keys, t0 * d, packed, b * d * ROWS, ROWS, d, p[t0:t0 + OUTPUTS])

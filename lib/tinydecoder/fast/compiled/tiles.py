@@ -35,7 +35,7 @@ is written as a numba intrinsic that builds the loop in LLVM's IR (llvm.make_til
 any number of outputs and of rows; x read at a start and step the caller gives, so the same
 loop also runs over rows of another array: one_query's weighted values). The rest
 is plain numba: `_rows_times_tiles` gives each thread its share of the outputs, and each task
-(6 outputs) runs the tile over every block of 16 rows while its weights sit in cache; a last
+(OUTPUTS outputs) runs the tile over every block of 16 rows while its weights sit in cache; a last
 block of 1-8 rows runs in a tile of 8 rows (`tile8`, one vector of sums per output), which does
 half the multiply-adds of a padded 16-row tile (100 rows, one 576 x 3,072 matrix in cache:
 3.1-3.3 ms against 3.4-3.8). llvm.py holds the fast path's other hand-scheduled loops.
