@@ -46,8 +46,7 @@ def twins():
 def test_compare_weights_reports_both_and_batch_for_the_first():
     q, f = twins()
     section = wb.compare_weights({"q4_1": q, "f32": f}, decode_contexts=(8, 32), lengths=(16,), rounds=2, steps=2,
-                                 batch_sizes=(1, 2), batch_context=8, bandwidth_bytes=2**20, peak_gflops=50.0,
-                                 fma_gflops=120.0)
+                                 batch_sizes=(1, 2), batch_context=8, bandwidth_bytes=2**20, peak_gflops=120.0)
     assert list(section) == ["q4_1", "f32"]
     # per layer: QKV 64 x 128, output 64 x 64, gate and up 64 x 128, down 64 x 64; the head 64 x 50
     assert wb.matmul_weights(q) == wb.matmul_weights(f) == 2 * (8192 + 4096 + 8192 + 4096) + 64 * 50

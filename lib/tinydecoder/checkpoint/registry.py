@@ -31,8 +31,8 @@ WEIGHTS = ("f32", "q4_1")
 # are float32's): DEFAULT_WEIGHTS. Measured on a 2-vCPU AMD EPYC Zen 5 VM, December 2026: `bench
 # --model smollm2` q4_1 decode at context 128 233-294 tokens/s (a step's row by quant_planes'
 # lookups), 2.3-3.7x float32's (the ratio follows float32's bandwidth-bound speed, 71-114 tokens/s);
-# a pass over 8 rows 2.6-3.7 of q4_1's steps (float32's: 1.1-1.7), above its arithmetic floor of
-# ~2.3 (perf.weights_bench.pass_floor). serve's engine (token budget 80, 16 running, chunks of 64;
+# a pass over 8 rows 2.5-2.6 of q4_1's steps (float32's: 1.4-1.7), above its arithmetic floor of
+# ~1.0 (perf.weights_bench.pass_floor at the cores' multiply-add peak). serve's engine (token budget 80, 16 running, chunks of 64;
 # 48-token prompts, 48 new tokens each; medians of 3-4 alternating runs): 1 request q4_1 178 tokens/s
 # against f32 82, 4 requests 243 against 169, 8 296 against 277, 12 305 against 289, 16 304 against
 # 319 (earlier the same day: 302 against 312).

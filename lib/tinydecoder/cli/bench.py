@@ -67,7 +67,7 @@ def weights_section(args, model, weights: str, result: dict) -> dict:
     models = {name: model if name == weights else load_bench_model(args.model, name) for name in names}
     roof = result.get("fma_gflops") or result["matmul_gflops"]  # the compute roof, as bench's batch table uses
     section = compare_weights(models, rounds=max(3, args.repeat), bandwidth_gbps=result["bandwidth_gbps"],
-                              peak_gflops=roof, fma_gflops=result.get("fma_gflops"))
+                              peak_gflops=roof)
     result["targets"].update(weights_targets(section))
     if "q4_1" in section:
         from ..checkpoint.registry import open_tokenizer

@@ -3,7 +3,7 @@
 
 `fused._layer_rows` runs the float32 products; here the same block, statement for statement
 (it inlines fused.py's attention and residual code), runs a quantised kernel for each of the four
-products (`_product`: one row of a Q4_1 matrix by quant_planes' lookups over its bit planes where
+products (`_product`: one or two rows of a Q4_1 matrix by quant_planes' lookups over its bit planes where
 they apply, else quant_rows' `_rows` on the file's blocks): every part of a matrix in one
 parallel call, each thread a contiguous share of each part's output rows (so both cores share
 every product). Without it, a quantised layer ran `forward_pass._block`: ~15 Python statements
@@ -46,7 +46,7 @@ class QuantBlock(NamedTuple):
     blocks, their output columns, and whether it is Q4_1), and the block's constants."""
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
-    qkv: tuple  # (raws, cols, q4_1, planes, by_planes): by_planes, planes' lookups (one row), else raws' blocks
+    qkv: tuple  # (raws, cols, q4_1, planes, by_planes): by_planes, planes' lookups (1-2 rows), else raws' blocks
     wo: tuple
     gate_up: tuple
     down: tuple

@@ -47,15 +47,15 @@ PREFILL_REPEAT = 3
 
 def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(128, 512), rounds: int = 3,
                     steps: int = 9, batch_sizes=BATCH_SIZES, batch_context: int = 128, bandwidth_bytes: int = 2**28,
-                    bandwidth_gbps=None, peak_gflops=None, fma_gflops=None) -> dict:
+                    bandwidth_gbps=None, peak_gflops=None) -> dict:
     """{name: {"weights_bytes", "decode_tokens_per_second", "decode_bytes_per_token",
     "decode_roof_fraction", "prefill_tokens_per_second"} (per context / length, string keys)} for
     each model of `models` ({name: Model}, the same network held differently), the first one with
     "batch_decode" too (rows as bench.batch_decode_speed gives them; the roofs, when given, add
     the roofline's predictions), and "pass_cost" ({rows: decode steps} after batch_context positions)
-    with, when fma_gflops (else peak_gflops) is given and batch_context is a decode context,
-    "pass_floor" (the same rows' `pass_floor` at that peak). Every round runs each model in turn
-    (module docstring)."""
+    with, when peak_gflops (the compute roof: machine.measure_fma_peak where numba measures it) is
+    given and batch_context is a decode context, "pass_floor" (the same rows' `pass_floor` at that
+    peak). Every round runs each model in turn (module docstring)."""
     if not models:
         raise ValueError("compare_weights needs at least one model: {name: Model}")
     probe = bandwidth_probe(bandwidth_bytes)
@@ -84,10 +84,9 @@ def compare_weights(models: dict, *, decode_contexts=(128, 512, 2048), lengths=(
         settle()
         costs = pass_cost(model, rows=PASS_ROWS, contexts=(batch_context,), repeat=steps, cache=caches[name])
         out[name]["pass_cost"] = costs[str(batch_context)]
-        floor_gflops = fma_gflops or peak_gflops
-        if floor_gflops and batch_context in decode_contexts:
+        if peak_gflops and batch_context in decode_contexts:
             step = 1.0 / out[name]["decode_tokens_per_second"][str(batch_context)]
-            out[name]["pass_floor"] = {str(n): pass_floor(model, n, step, floor_gflops) for n in PASS_ROWS}
+            out[name]["pass_floor"] = {str(n): pass_floor(model, n, step, peak_gflops) for n in PASS_ROWS}
     first = next(iter(models))
     settle()
     out[first]["batch_context"] = int(batch_context)

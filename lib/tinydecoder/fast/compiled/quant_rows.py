@@ -23,15 +23,15 @@ float32). Either way the products equal x @ dequantised(W).T up to the order of 
 `product`); fused tensors (Q, K, V; gate, up) stay views of the file, `parts`, each writing its own
 columns `cols` (which undoes llama.cpp's Q/K row order); `.T[ids]` dequantises embedding rows.
 
-Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. One row
-of a Q4_1 matrix (a decode step) runs quant_planes' lookups where they apply (AVX-512; its planes,
+Kernels (jit.compiled, every core), each thread a contiguous share of the output rows. One or two
+rows of a Q4_1 matrix (a decode step, a check of one guess) run quant_planes' lookups where they apply (AVX-512; its planes,
 a second layout of the same 4-bit numbers, made as checkpoint.quant_model loads the model). Up to
 ROWS_UP_TO rows otherwise (a decode step where planes do not apply, a speculative check, a small
 batch), `_rows`: quant_dots' `outputs` kernels take OUTPUTS output rows a call against ROWS_A_CALL
 input rows (8 with AVX-512) or the 1-4 left, read in the file's order with the memory asked for
 PREFETCH_BYTES ahead, each block decoded once for the input rows, several blocks' sums in flight,
 each output summed in registers; the few output rows left run `dots`, one a call. More rows (a
-prefill), `_tiles`: each task dequantises 6 output rows into a small float32 buffer and runs
+prefill), `_tiles`: each task dequantises TILE_OUTPUTS output rows into a small float32 buffer and runs
 tiles.py's register tile over them; from DENSE_FROM_ROWS rows a matrix is dequantised whole
 (`_dequantize_all`) for tiles.py's own product.
 
@@ -39,10 +39,10 @@ Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, o
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
 head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77
-in one of 8. Several rows stay arithmetic-bound (8 rows 2.6-3.7 of quant_planes' decode steps,
-against perf.weights_bench.pass_floor's ~2.3); prefill 0.97-0.99x float32's, 0.87x while the
-machine's neighbours fill the shared L3 (the dequantised 7 MB scratch then goes to memory;
-docs/fast_path.md).
+in one of 8. Several rows stay bound by decoding the blocks (8 rows 2.5-2.6 of quant_planes'
+decode steps, against perf.weights_bench.pass_floor's ~1.0 at the cores' multiply-add peak);
+prefill 0.97-0.99x float32's, 0.87x while the machine's neighbours fill the shared L3 (the
+dequantised 7 MB scratch then goes to memory; docs/fast_path.md).
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # no
 # 500-518 against 459-468 (the dense path's copies cost more inside a step than alone), so a
 # prefill of 17+ tokens keeps the tiles while a batch of up to 16 sequences runs `_rows`.
 ROWS_UP_TO = 16
-TILE_OUTPUTS = 6  # output rows a `_tiles` task dequantises: tiles.TILE_OUTPUTS, bound by jit.compiled
+TILE_OUTPUTS = None  # output rows a `_tiles` task dequantises: tiles.TILE_OUTPUTS, bound by jit.compiled
 # From this many rows (a prefill), a matrix of at most DENSE_UP_TO_WEIGHTS weights is dequantised
 # whole into float32 and multiplied by tiles.py's product; a larger one (the 28M-weight head over
 # every row) runs `_tiles` without the copy. SmolLM2, 2 threads (medians of 15): 100 tokens 0.109 s
@@ -253,9 +253,9 @@ def _dots(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: n
 
 def _tiles(full, last, M, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
     """out[:, cols[n]] for rows n of each part (raws[p], colss[p]) against M rows packed as
-    tiles.pack_rows packs them (`full` [blocks, K, 16], `last` [0 or 1, K, 8]): a task is 6 output
-    rows of one part, each thread a contiguous share of all parts' tasks (one parallel call for
-    the matrix); a task dequantises its rows into `w6` and runs the tile over every block of rows
+    tiles.pack_rows packs them (`full` [blocks, K, 16], `last` [0 or 1, K, 8]): a task is
+    TILE_OUTPUTS output rows of one part, each thread a contiguous share of all parts' tasks (one parallel call for
+    the matrix); a task dequantises its rows into `w_task` and runs the tile over every block of rows
     while they sit in cache."""
     blocks = full.shape[0]
     K = full.shape[1] if blocks else last.shape[1]
@@ -264,7 +264,7 @@ def _tiles(full, last, M, raws, colss, q4_1, out, threads):  # pragma: no cover 
     for p in range(len(raws)):
         total += -(-raws[p].shape[0] // O)
     for t in prange(threads):
-        w6 = np.empty((O, K), np.float32)  # rows past a last task's few stay unused
+        w_task = np.empty((O, K), np.float32)  # rows past a last task's few stay unused
         acc = np.empty((O, 16), np.float32)
         acc8 = np.empty((O, 8), np.float32)
         g0, g1 = t * total // threads, (t + 1) * total // threads
@@ -278,17 +278,17 @@ def _tiles(full, last, M, raws, colss, q4_1, out, threads):  # pragma: no cover 
                 rows = min(O, N - n0)
                 for r in range(rows):
                     if q4_1:
-                        q41_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
+                        q41_dequant(raw, (n0 + r) * row_bytes, K, w_task, r * K)
                     else:
-                        q80_dequant(raw, (n0 + r) * row_bytes, K, w6, r * K)
+                        q80_dequant(raw, (n0 + r) * row_bytes, K, w_task, r * K)
                 for b in range(blocks):
-                    tile(w6, 0, full, b * K * 16, 16, K, acc)
+                    tile(w_task, 0, full, b * K * 16, 16, K, acc)
                     m = 16 * b
                     for j in range(min(16, M - m)):
                         for r in range(rows):
                             out[m + j, cols[n0 + r]] = acc[r, j]
                 if last.shape[0]:
-                    tile8(w6, 0, last, 0, 8, K, acc8)
+                    tile8(w_task, 0, last, 0, 8, K, acc8)
                     m = 16 * blocks
                     for j in range(M - m):
                         for r in range(rows):

@@ -170,6 +170,6 @@ def _rows_times_tiles(full, last, x, wt, out, threads):  # pragma: no cover - ru
     return out
 
 
-tile = make_tile(OUTPUTS, ROWS, lanes=LANES)  # 6 outputs x 16 rows, for a task over several blocks of rows (a prefill)
+tile = make_tile(OUTPUTS, ROWS, lanes=LANES)  # OUTPUTS x 16 rows, for a task over several blocks of rows (a prefill)
 tile_stream = make_tile(OUTPUTS, ROWS, tunables.STREAM_PREFETCH, LANES)  # ... over one block (16 rows: a batch's step)
-tile8 = make_tile(OUTPUTS, 8, tunables.STREAM_PREFETCH)  # 6 outputs x 8 rows: a last block of 1-8 rows
+tile8 = make_tile(OUTPUTS, 8, tunables.STREAM_PREFETCH)  # OUTPUTS x 8 rows (8 lanes): a last block of 1-8 rows
