@@ -393,3 +393,42 @@ def test_swiglu_with_and_without_numba_equals_its_definition(N, kernel):
     g, up = gate_up[:, :F].astype(np.float64), gate_up[:, F:].astype(np.float64)
     want = g / (1 + np.exp(-g)) * up
     np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-30)
+
+
+@needs_numba
+@pytest.mark.parametrize("block", [8, 16, 24])
+@pytest.mark.parametrize("S, T", [(1, 1), (1, 7), (3, 40), (8, 130), (2, 300)])
+@pytest.mark.parametrize("d", [16, 64, 100])
+def test_attention_over_a_paged_caches_blocks_equals_the_gathered_cache_bit_for_bit(block, S, T, d):
+    """few_queries.attend_rows_in_blocks: the same query rows over T positions whose K and V lie in a
+    pool's blocks in scattered order (and blocks of other sequences between them) give exactly the
+    numbers attend_rows gives on the positions gathered in order: the tasks split the positions
+    alike and each stretch in one block adds its products in the same order (head sizes: dots8
+    and a tile of 8 columns; a tile of 64; 64 + 4 x 8 + 4)."""
+    Hq, Hkv = 6, 2
+    rng = np.random.default_rng(block * 1000 + T + d)
+    n_blocks = -(-T // block)
+    table = rng.permutation(2 * n_blocks + 3)[:n_blocks]  # the sequence's blocks, among others
+    k_rows = rng.standard_normal(((2 * n_blocks + 3) * block, Hkv, d)).astype(np.float32)
+    v_rows = rng.standard_normal(k_rows.shape).astype(np.float32)
+    q = rng.standard_normal((S, Hq, d)).astype(np.float32)
+    at = np.array([table[t // block] * block + t % block for t in range(T)])
+    want = few_queries.attend_rows(q, np.ascontiguousarray(k_rows[at]), np.ascontiguousarray(v_rows[at]))
+    got = few_queries.attend_rows_in_blocks(q, k_rows, v_rows, table, block, T)
+    np.testing.assert_array_equal(got, want)
+    k_other = k_rows.copy()
+    others = np.setdiff1d(np.arange(k_rows.shape[0]), at)
+    k_other[others] = 1e3  # rows of other blocks are never read
+    np.testing.assert_array_equal(few_queries.attend_rows_in_blocks(q, k_other, v_rows, table, block, T), want)
+
+
+@needs_numba
+def test_attention_over_blocks_refuses_what_it_cannot_read():
+    q = np.ones((1, 4, 8), np.float32)
+    k = np.ones((32, 2, 8), np.float32)
+    with pytest.raises(ValueError, match="positive multiple of 8, got 12"):
+        few_queries.attend_rows_in_blocks(q, k, k, [0, 1], 12, 20)
+    with pytest.raises(ValueError, match=r"covering T = 40 positions.*table of 2 blocks of 16"):
+        few_queries.attend_rows_in_blocks(q, k, k, [0, 1], 16, 40)
+    with pytest.raises(ValueError, match="blocks inside k"):
+        few_queries.attend_rows_in_blocks(q, k, k, [0, 2], 16, 20)

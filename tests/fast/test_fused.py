@@ -174,3 +174,41 @@ def test_passes_of_one_shape_reuse_their_scratch_and_agree(layers_run):
     again = fast.forward(model, tokens(3, seed=1), cache.copy(3))
     assert layers_run and np.array_equal(steps[0], steps[2]) and np.array_equal(steps[0], again)
     assert not np.array_equal(steps[0], steps[1])
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("block", [8, 16, 3])
+def test_a_paged_sequence_runs_fused_with_a_kvcaches_numbers(name, block, layers_run):
+    """A paged sequence (a server's cache) whose blocks hold a multiple of 8 positions runs every
+    few-row pass fused, its K and V written into the pool's blocks and read where they lie (no
+    gather): logits and stored rows equal a KVCache's bit for bit, through a prefill, decode
+    steps, checks of a few guesses, a copy-on-write fork and blocks scattered by another sequence
+    taking blocks in between. Other block sizes run fast._block (the pool's append), with the same
+    numbers."""
+    from tinydecoder.serving.paged import PagedKVPool
+
+    _, mine = pair(CONFIGS[name])
+    pool = PagedKVPool.for_model(mine, 64, block)
+    seq, other, cache = pool.new_sequence(), pool.new_sequence(), mine.new_cache(8)
+    ids = tokens(60, seed=block)
+    np.testing.assert_array_equal(fast.forward(mine, ids[:11], seq), fast.forward(mine, ids[:11], cache))
+    at, fused_passes = 11, 0
+    for n in (1, 3, 1, 8, 2, 1, 5, 1, 1, 4):
+        fast.forward(mine, ids[:n + 2], other)  # another sequence takes blocks between ours
+        layers_run.clear()
+        got = fast.forward(mine, ids[at:at + n], seq)
+        fused_passes += layers_run == [n] * mine.config.n_layers
+        np.testing.assert_array_equal(got, fast.forward(mine, ids[at:at + n], cache))
+        at += n
+        if at > 30 and seq.n_blocks and len(seq.shared_blocks()) == 0:
+            fork = seq.fork()  # the next pass copies the shared last block first
+            np.testing.assert_array_equal(fast.forward(mine, ids[at:at + 1], fork),
+                                          fast.forward(mine, ids[at:at + 1], cache.copy(1)))
+            fork.release()
+    assert fused_passes == (10 if block % 8 == 0 else 0)
+    assert len(seq) == len(cache) == at and sorted(seq.block_table) != list(range(seq.n_blocks))
+    empty = np.zeros((0, mine.config.n_kv_heads, mine.config.head_dim), np.float32)
+    for layer in range(mine.config.n_layers):
+        k, v = seq.append(layer, empty, empty)
+        assert np.array_equal(k, cache.k[layer][:at]) and np.array_equal(v, cache.v[layer][:at])
+    assert fused.applies(mine, seq, 1) == (block % 8 == 0)

@@ -29,10 +29,17 @@ ms), 3 rows 0.87-0.94x, 5 rows in the sweeps 0.91-0.98x, 5 to 8 rows in the tile
 (unfused, each of their products also packs its rows for the tile in numpy).
 
 It applies (`applies`, `fits`) to a pass over at most tunables.ATTEND_ROWS_UP_TO rows of one
-sequence with a `KVCache` (the rows `one_query` attends), on a float32 RoPE model, for each layer
-whose matrices numba's products take (out-major float32, at least SKINNY_MIN_WEIGHTS numbers):
-SmolLM2's decode steps and speculative checks of up to 7 guesses. Anything else runs
-`forward_pass._block`.
+sequence with a `KVCache` or a paged sequence (a server's cache: `serving.paged`, blocks of a
+multiple of 8 positions), on a float32 RoPE model, for each layer whose matrices numba's products
+take (out-major float32, at least SKINNY_MIN_WEIGHTS numbers): SmolLM2's decode steps and
+speculative checks of up to 7 guesses, in `generate` and in a server running one request.
+Anything else runs `forward_pass._block`. A paged sequence's new K and V go straight into its
+pool's blocks, and attention reads them there through the block table (`CacheRows`;
+few_queries._attend_rows), with a KVCache's numbers bit for bit. Before, a server's decode step
+ran `_block`, whose attention gathered every cached position of every layer into a fresh array
+(the pool's `append`): SmolLM2 Q4_1 at context 128 (December 2026, Zen 5, one process, 4
+alternating runs of 63 steps) 4.60 ms a step in the server's engine against 3.57 with a KVCache;
+now both 4.22 (a slower hour; docs/fast_path.md).
 """
 from __future__ import annotations
 
@@ -59,10 +66,32 @@ _rmsnorm_rows = _rope_rows = _rows_times_rows = _rows_times_tiles = _swiglu_rows
 
 def applies(model: Model, cache, rows: int) -> bool:
     """Whether a pass over `rows` new rows of one sequence with `cache` can run `layer` (for each
-    layer whose weights `fits`)."""
+    layer whose weights `fits`): a KVCache, or a paged sequence (`layer_rows`) whose blocks hold
+    a multiple of 8 positions."""
     cfg = model.config
-    return (jit.available() and type(cache) is KVCache and cache.dtype == model.dtype == np.float32
+    kind_ok = type(cache) is KVCache or (hasattr(cache, "layer_rows") and cache.block_size % 8 == 0)
+    return (jit.available() and kind_ok and cache.dtype == model.dtype == np.float32
             and cfg.position == "rope" and 0 < rows <= tunables.ATTEND_ROWS_UP_TO)
+
+
+class CacheRows(NamedTuple):
+    """Where a layer's K and V rows lie for `_attention_rows`: position t in row table[t // block] *
+    block + t % block of k and v [rows, Hkv, d] (few_queries._attend_rows)."""
+    k: np.ndarray
+    v: np.ndarray
+    table: np.ndarray  # int64 block table; a KVCache's is [0], its arrays one block
+    block: int
+
+
+def cache_rows(cache, l: int, rows: int) -> tuple:
+    """Layer l's rows for `rows` new positions of `cache`, taken (its length grows; the pass writes
+    them) -> (CacheRows, the first new position). A KVCache's own arrays, or a paged sequence's
+    pool blocks with its block table (`layer_rows`: no copy, no gather)."""
+    if type(cache) is KVCache:
+        k, v, start = cache.reserve(l, rows)  # [capacity, Hkv, d] each; rows start .. start+S-1 are ours
+        return CacheRows(k, v, few_queries.ONE_BLOCK, k.shape[0]), start
+    k, v, table, block, start = cache.layer_rows(l, rows)
+    return CacheRows(k, v, table, block), start
 
 
 def fits(weights) -> bool:
@@ -138,17 +167,17 @@ def scratch(model: Model, rows: int, T: int) -> Scratch:
                    zeros(1, Hq * d, 8), zeros(1, cfg.d_ff, 8))
 
 
-def layer(model: Model, l: int, x, tables, cache: KVCache, work: Scratch) -> None:
-    """Block l for the S rows x [S, D] (updated in place) of a sequence whose cache holds the
-    positions before them; their K and V join the cache. tables: rope_tables.rope_tables for the rows."""
+def layer(model: Model, l: int, x, tables, cache, work: Scratch) -> None:
+    """Block l for the S rows x [S, D] (updated in place) of a sequence whose cache (`applies`)
+    holds the positions before them; their K and V join the cache. tables: rope_tables.rope_tables
+    for the rows."""
     cfg, w = model.config, model.layers[l]
     S = x.shape[0]
-    k_cache, v_cache, start = cache.reserve(l, S)  # [capacity, Hkv, d] each; rows start .. start+S-1 are ours
+    kv, start = cache_rows(cache, l, S)
     block = Block(w.attn_norm, w.ffn_norm, w.w_qkv.T, w.wo.T, w.w_gate_up.T, w.w_down.T, np.float32(cfg.norm_eps),
                   cfg.n_heads, np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
     tiled = S > tunables.SWEEPS_UP_TO_ROWS
-    jit.compiled(_layer_rows, parallel=False)(x, block, tables.cos, tables.sin, k_cache, v_cache, start, work,
-                                              tiled, jit.threads())
+    jit.compiled(_layer_rows, parallel=False)(x, block, tables.cos, tables.sin, kv, start, work, tiled, jit.threads())
 
 
 def _times(x, wt, out, tiled, no_blocks, packed, threads):  # pragma: no cover - runs compiled by numba
@@ -164,15 +193,15 @@ def _times(x, wt, out, tiled, no_blocks, packed, threads):  # pragma: no cover -
         _rows_times_rows(x, wt, out)
 
 
-def _layer_rows(x, block, cos, sin, k_cache, v_cache, start, work, tiled, threads):  # pragma: no cover - numba
-    """forward_pass._block for S rows and a KVCache's arrays, as this module's docstring lays out:
+def _layer_rows(x, block, cos, sin, kv, start, work, tiled, threads):  # pragma: no cover - numba
+    """forward_pass._block for S rows and a cache's rows, as this module's docstring lays out:
     x [S, D] updated in place; block: a `Block`; work: a `Scratch`; cos, sin [S, d/2] the rows'
-    RoPE tables; k_cache, v_cache [capacity, Hkv, d], rows start .. start+S-1 written."""
+    RoPE tables; kv: `CacheRows`, positions start .. start+S-1 written."""
     Hq, scale, eps = block.n_heads, block.scale, block.eps
     h, qkv, att, proj, no_blocks = work.h, work.qkv, work.att, work.proj, work.no_blocks
     _rmsnorm_rows(x, block.attn_norm, eps, h)  # [S, D]
     _times(h, block.wqkv, qkv, tiled, no_blocks, work.packed_d, threads)  # [S, (Hq + 2Hkv) d]
-    _attention_rows(qkv, Hq, scale, block.halves, cos, sin, k_cache, v_cache, start, work)  # -> work.att
+    _attention_rows(qkv, Hq, scale, block.halves, cos, sin, kv, start, work)  # -> work.att
     _times(att, block.wo, proj, tiled, no_blocks, work.packed_att, threads)  # [S, D]
     _add_rows(x, proj)
     _rmsnorm_rows(x, block.ffn_norm, eps, h)
@@ -182,24 +211,26 @@ def _layer_rows(x, block, cos, sin, k_cache, v_cache, start, work, tiled, thread
     _add_rows(x, proj)
 
 
-def _attention_rows(qkv, Hq, scale, halves, cos, sin, k_cache, v_cache, start, work):  # pragma: no cover - numba
+def _attention_rows(qkv, Hq, scale, halves, cos, sin, kv, start, work):  # pragma: no cover - numba
     """The block between the QKV product and the output projection: q and k rotated in place in
-    qkv [S, (Hq + 2Hkv) d], the new K and V into the cache rows start .., and the rows' attention
-    into work.att [S, Hq d]."""
+    qkv [S, (Hq + 2Hkv) d], the new K and V into the cache's rows for positions start .. (kv: a
+    `CacheRows`), and the rows' attention into work.att [S, Hq d]."""
     q, heads_out, att = work.q, work.heads_out, work.att
+    k_cache, v_cache, table, block = kv.k, kv.v, kv.table, kv.block
     S = qkv.shape[0]
     Hkv, d = k_cache.shape[1], k_cache.shape[2]
     _rope_rows(qkv, Hq + Hkv, cos, sin, halves)  # q and k rotated in place
     for s in range(S):  # the new keys and values join the cache
+        r = table[(start + s) // block] * block + (start + s) % block
         for j in range(Hkv):
             for c in range(d):
-                k_cache[start + s, j, c] = qkv[s, (Hq + j) * d + c]
-                v_cache[start + s, j, c] = qkv[s, (Hq + Hkv + j) * d + c]
+                k_cache[r, j, c] = qkv[s, (Hq + j) * d + c]
+                v_cache[r, j, c] = qkv[s, (Hq + Hkv + j) * d + c]
     for i in range(Hq):  # scaled queries, grouped as attention reads them: row i * S + s (i = kv head * g + its j)
         for s in range(S):
             for c in range(d):
                 q[i * S + s, c] = qkv[s, i * d + c] * scale
-    _attend_rows(q, k_cache, v_cache, start + S, S, work.merge, heads_out)  # [Hq * S, d]
+    _attend_rows(q, k_cache, v_cache, table, block, start + S, S, work.merge, heads_out)  # [Hq * S, d]
     for i in range(Hq):
         for s in range(S):
             for c in range(d):

@@ -10,9 +10,10 @@ every product). Without it, a quantised layer ran `forward_pass._block`: ~15 Pyt
 and a dozen small numpy calls per layer around the same kernels. The numbers are the unfused
 quantised path's (the same kernels in the same order; tests bound the last float32 bits).
 
-It applies where `fused.applies` does (a pass over a few rows of one sequence with a KVCache),
-for each layer whose four matrices are QuantMatrix products up to quant_rows.ROWS_UP_TO rows
-(`fits`); more rows (never a fused pass: ATTEND_ROWS_UP_TO is 8) would need quant_rows' tiles.
+It applies where `fused.applies` does (a pass over a few rows of one sequence with a KVCache or
+a paged sequence), for each layer whose four matrices are QuantMatrix products up to
+quant_rows.ROWS_UP_TO rows (`fits`); more rows (never a fused pass: ATTEND_ROWS_UP_TO is 8) would
+need quant_rows' tiles.
 """
 from __future__ import annotations
 
@@ -65,22 +66,21 @@ def _kernel_args(w: quant_rows.QuantMatrix, rows: int) -> tuple:
 def layer(model: Model, l: int, x, tables, cache, work: fused.Scratch) -> None:
     """As `fused.layer`: block l for the S rows x [S, D] (in place); their K and V join the cache."""
     cfg, w = model.config, model.layers[l]
-    k_cache, v_cache, start = cache.reserve(l, x.shape[0])
     S = x.shape[0]
+    kv, start = fused.cache_rows(cache, l, S)
     block = QuantBlock(w.attn_norm, w.ffn_norm, _kernel_args(w.w_qkv, S), _kernel_args(w.wo, S),
                        _kernel_args(w.w_gate_up, S), _kernel_args(w.w_down, S), np.float32(cfg.norm_eps), cfg.n_heads,
                        np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
-    jit.compiled(_qlayer_rows, parallel=False)(x, block, tables.cos, tables.sin, k_cache, v_cache, start, work,
-                                               jit.threads())
+    jit.compiled(_qlayer_rows, parallel=False)(x, block, tables.cos, tables.sin, kv, start, work, jit.threads())
 
 
-def _qlayer_rows(x, block, cos, sin, k_cache, v_cache, start, work, threads):  # pragma: no cover - numba
+def _qlayer_rows(x, block, cos, sin, kv, start, work, threads):  # pragma: no cover - numba
     """fused._layer_rows with quant_rows' products (module docstring)."""
     eps, h, proj = block.eps, work.h, work.proj
     qkv, wo, gu, down = block.qkv, block.wo, block.gate_up, block.down
     _rmsnorm_rows(x, block.attn_norm, eps, h)  # [S, D]
     _product(h, qkv, work.qkv, threads)  # [S, (Hq + 2Hkv) d]
-    _attention_rows(work.qkv, block.n_heads, block.scale, block.halves, cos, sin, k_cache, v_cache, start, work)
+    _attention_rows(work.qkv, block.n_heads, block.scale, block.halves, cos, sin, kv, start, work)
     _product(work.att, wo, proj, threads)  # [S, D]
     _add_rows(x, proj)
     _rmsnorm_rows(x, block.ffn_norm, eps, h)

@@ -94,6 +94,8 @@ class PagedKVPool:
         shape = (self.n_blocks, self.block_size, config.n_kv_heads, config.head_dim)
         self.k = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]  # L x [N, B, Hkv, d]
         self.v = [np.zeros(shape, self.dtype) for _ in range(config.n_layers)]
+        rows = (self.n_blocks * self.block_size, config.n_kv_heads, config.head_dim)
+        self._rows = [(k.reshape(rows), v.reshape(rows)) for k, v in zip(self.k, self.v)]  # `layer_rows`' views
         self.blocks = BlockAllocator(self.n_blocks, self.block_size)  # free list and reference counts
         self.fill = np.zeros(self.n_blocks, np.int64)  # rows written in each block
         self.cached_free = OrderedDict()  # block -> None: free (parked) but cached, least recently freed first
@@ -236,32 +238,40 @@ class PagedKVPool:
     def append(self, seq: PagedSequence, layer: int, k_new, v_new):
         """Write S new rows of `layer` into `seq`'s blocks (taking new blocks, or copying a shared
         one, as needed); return that layer's K, V for all T positions, [T, Hkv, d] each."""
-        self._live(seq)
-        cfg, B = self.config, self.block_size
-        if not (isinstance(layer, (int, np.integer)) and 0 <= layer < cfg.n_layers):
-            raise ValueError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer!r}")
+        cfg = self.config
         expect = (cfg.n_kv_heads, cfg.head_dim)
         for name, x in (("k_new", k_new), ("v_new", v_new)):
             if np.ndim(x) != 3 or tuple(np.shape(x)[1:]) != expect or np.shape(x)[0] != np.shape(k_new)[0]:
                 raise ValueError(f"{name} must have shape [S, {expect[0]}, {expect[1]}] (S new rows, "
                                  f"Hkv, head_dim), the same S for K and V; got {np.shape(x)}")
-        start = seq.lengths[layer]
+        k, v, table, B, start = self.layer_rows(seq, layer, k_new.shape[0])
         end = start + k_new.shape[0]
-        self._make_writable(seq, start, end)
         pos = np.arange(start, end)
-        table = np.asarray(seq.block_table, np.int64)
-        blocks, rows = table[pos // B], pos % B
-        self.k[layer][blocks, rows] = k_new
-        self.v[layer][blocks, rows] = v_new
-        if end > start:
-            np.maximum.at(self.fill, blocks, rows + 1)
-        seq.lengths[layer] = end
-        if layer == cfg.n_layers - 1:
-            self._register_full_blocks(seq)
+        rows = table[pos // B] * B + pos % B
+        k[rows], v[rows] = k_new, v_new
         used = table[:-(-end // B)]
         k_all = self.k[layer][used].reshape(len(used) * B, *expect)[:end]  # [T, Hkv, d] (a gather)
         v_all = self.v[layer][used].reshape(len(used) * B, *expect)[:end]
         return k_all, v_all
+
+    def layer_rows(self, seq: PagedSequence, layer: int, n_new: int):
+        """`append` for a pass that writes the K and V rows itself, before anything else reads the
+        pool (`fast.fused`): blocks taken or copied, the length grown, no write, no gather ->
+        (k, v, table, block_size, start): the layer's blocks as rows [n_blocks * block_size, Hkv, d],
+        position t in row table[t // block_size] * block_size + t % block_size; the first new one."""
+        self._live(seq)
+        if not (isinstance(layer, (int, np.integer)) and 0 <= layer < self.config.n_layers):
+            raise ValueError(f"layer must be in 0..{self.config.n_layers - 1}, got {layer!r}")
+        start, B = seq.lengths[layer], self.block_size
+        end = start + int(n_new)
+        self._make_writable(seq, start, end)
+        for i in range(start // B, -(-end // B)):  # each block written: rows up to the last new one
+            self.fill[seq.block_table[i]] = max(self.fill[seq.block_table[i]], min(end - i * B, B))
+        seq.lengths[layer] = end
+        if layer == self.config.n_layers - 1:
+            self._register_full_blocks(seq)
+        k, v = self._rows[layer]
+        return k, v, np.asarray(seq.block_table, np.int64), B, start
 
     def _blocks_for(self, seq: PagedSequence, start: int, end: int):
         """(new blocks, shared logical blocks to copy) that writing positions start..end-1 needs."""

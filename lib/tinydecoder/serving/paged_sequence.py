@@ -44,6 +44,16 @@ class PagedSequence:
         check_made_for("paged KV pool", self.config, self.dtype, config, dtype,
                        "make a pool for this model with PagedKVPool.for_model(model, n_blocks, block_size)")
 
+    @property
+    def block_size(self) -> int:
+        """Positions per block of its pool."""
+        return self.pool.block_size
+
+    def layer_rows(self, layer: int, n_new: int):
+        """`layer`'s next n_new positions handed to a pass that writes them in place (the pool's
+        `layer_rows`): -> (k rows, v rows, block table, block size, first new position)."""
+        return self.pool.layer_rows(self, layer, n_new)
+
     def append(self, layer: int, k_new, v_new):
         """Write S new rows of `layer` (the pool takes or copies blocks as needed); returns that
         layer's K, V for all T positions, [T, Hkv, d] each."""

@@ -41,12 +41,14 @@ from .few_rows import dot_rows
 
 prange = range  # numba.prange once compiled (jit.compiled)
 # compiled into the kernels (jit.compiled)
-INLINE = ("dot_rows", "_block_scores", "_block_softmax", "_block_values", "_merge", "compiled.vexp.exp_le0",
-          "compiled.llvm.tile1x64", "compiled.llvm.tile1x8", "compiled.llvm.dots8", "compiled.llvm.prefetch")
+INLINE = ("dot_rows", "_part", "_row", "_weigh", "_block_scores", "_block_softmax", "_block_values", "_merge",
+          "compiled.vexp.exp_le0", "compiled.llvm.tile1x64", "compiled.llvm.tile1x8", "compiled.llvm.dots8",
+          "compiled.llvm.prefetch")
 tile1x64 = tile1x8 = dots8 = prefetch = None  # llvm.py's, bound by jit.compiled (it imports numba)
 exp_le0 = None  # vexp.exp_le0, a vectorisable exp(x <= 0), bound by jit.compiled (vexp imports numba)
 CHUNK = 64  # positions whose values are weighed together (their V, 48 KB for SmolLM2, stays in cache)
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
+ONE_BLOCK = np.zeros(1, np.int64)  # a KVCache's block table: its arrays are one block (`_attend_rows`)
 
 
 def fits_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int) -> bool:
@@ -94,42 +96,77 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         raise ValueError(f"attend_rows needs float32 q [S, Hq, d] with 0 < S <= T and 0 < d and C-contiguous float32 k, v "
                          f"[T, Hkv, d] with Hq a multiple of Hkv, and numba; got q {q.dtype}{list(q.shape)}, "
                          f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}")
+    return _attend(q, k, v, ONE_BLOCK, k.shape[0], k.shape[0])
+
+
+def attend_rows_in_blocks(q: np.ndarray, k: np.ndarray, v: np.ndarray, table, block_size: int, T: int) -> np.ndarray:
+    """`attend_rows` over a paged cache's blocks, read where they lie: position t of the sequence is
+    row table[t // block_size] * block_size + t % block_size of k, v [n_blocks * block_size, Hkv, d]
+    (a pool's blocks as rows). The same numbers as `attend_rows` on the T positions gathered in
+    order, bit for bit, for block sizes that are multiples of 8."""
+    table = np.asarray(table, np.int64)
+    if not (isinstance(block_size, (int, np.integer)) and block_size > 0 and block_size % 8 == 0):
+        raise ValueError(f"attend_rows_in_blocks needs a block size that is a positive multiple of 8, got {block_size!r}")
+    if not (fits_rows(q, k, v) and 0 < q.shape[0] <= T and table.ndim == 1 and len(table) * block_size >= T
+            and table.size and 0 <= table.min() and (table.max() + 1) * block_size <= k.shape[0]):
+        raise ValueError(f"attend_rows_in_blocks needs float32 q [S, Hq, d] (0 < S <= T), C-contiguous float32 k, v "
+                         f"[rows, Hkv, d] and a block table of blocks inside k covering T = {T} positions, and numba; "
+                         f"got q {q.dtype}{list(q.shape)}, k {k.dtype}{list(k.shape)}, table of {table.size} "
+                         f"blocks of {block_size}")
+    return _attend(q, k, v, table, int(block_size), int(T))
+
+
+def _attend(q, k, v, table, block, T):
     S, Hq, d = q.shape
-    T, Hkv = k.shape[0], k.shape[1]
+    Hkv = k.shape[1]
     g = Hq // Hkv
     rows = (q.reshape(S, Hkv, g, d).transpose(1, 2, 0, 3) * np.float32(1.0 / math.sqrt(d))).reshape(Hq * S, d)
     out = np.empty((Hq * S, d), np.float32)  # rows as in `rows`: [Hkv, g, S, d]
     parts = min(T, TASKS_PER_THREAD * jit.threads())
     merge = np.empty((parts, Hq * S, d + 2), np.float32)  # each part's weighted values, max and sum
-    jit.compiled(_attend_rows)(rows, k, v, T, S, merge, out)
+    jit.compiled(_attend_rows)(rows, k, v, table, block, T, S, merge, out)
     return out.reshape(Hkv, g, S, d).transpose(2, 0, 1, 3).reshape(S, Hq * d)
 
 
-def _attend_rows(q, k, v, T, S, merge, out):  # pragma: no cover - runs compiled by numba
-    """out[j] = softmax over t < T - S + 1 + j % S of (q[j] . k[t, h]), times v[t, h], for each
-    row j of q (the S new positions of one query head are S rows in a row); rows h*G .. h*G + G - 1
-    read KV head h. k, v: [T or more, Hkv, d], the T positions in their first rows (`fused`
-    passes a KVCache's whole arrays; positions T and later are not read). Tasks: blocks of
-    positions, each with its own softmax (its max, its sum of exponentials, its weighted values:
-    `merge`), merged at the end as flash-decoding merges its splits. (Outside the parallel
-    loop: loops, not array expressions, for which numba would start threads each time; inside it
-    they run on the task's own thread.)"""
+def _attend_rows(q, k, v, table, block, T, S, merge, out):  # pragma: no cover - runs compiled by numba
+    """out[j] = softmax over t < T - S + 1 + j % S of (q[j] . k[row t, h]), times v[row t, h], for
+    each row j of q (the S new positions of one query head are S rows in a row); rows h*G .. h*G + G - 1
+    read KV head h. k, v: [rows, Hkv, d], position t in row table[t // block] * block + t % block:
+    a KVCache's whole arrays with table [0] and block >= T (`fused` passes them; positions T and
+    later are not read), or a paged pool's blocks [n_blocks * block, Hkv, d] with a sequence's
+    block table (block a multiple of 8, where d is). Tasks: runs of positions (`_part`), each with
+    its own softmax (its max, its sum of exponentials, its weighted values: `merge`), merged at the
+    end as flash-decoding merges its splits. The numbers depend on T and the tasks, not on where
+    the rows lie: a paged cache's pass gives a KVCache's numbers. (Outside the parallel loop:
+    loops, not array expressions, for which numba would start threads each time; inside it they
+    run on the task's own thread.)"""
     R, d = q.shape
     parts = merge.shape[0]
     everyone = T - S + 1  # positions 0 .. T - S are seen by every row
     for part in prange(parts):
-        a, b = part * T // parts, (part + 1) * T // parts
+        a, b = _part(part, parts, T), _part(part + 1, parts, T)
         scores = np.empty((R, max(b - a, 1)), np.float32)  # the part's scores, then weights
         acc = np.empty((R, d), np.float32)  # its weighted values
-        _block_scores(q, k, a, b, scores)
+        _block_scores(q, k, table, block, T, a, b, scores)
         _block_softmax(scores, a, b, everyone, S, merge[part])
-        _block_values(scores, v, a, b, acc)
+        _block_values(scores, v, table, block, a, b, acc)
         merge[part, :, :d] = acc
     _merge(merge, out)
 
 
-def _block_scores(q, k, a, b, scores):  # pragma: no cover - runs compiled by numba
-    """scores[j, t - a] = q[j] . k[t, h] for positions a .. b-1, rows h*G .. h*G + G - 1 against KV
+def _part(part, parts, T):  # pragma: no cover - runs compiled by numba
+    """Where task `part` of `parts` starts (T for part == parts): part * T / parts, down to a
+    multiple of 8, so that eight keys of `dots8` never straddle two of a paged cache's blocks."""
+    return T if part == parts else part * T // parts // 8 * 8
+
+
+def _row(table, block, t):  # pragma: no cover - runs compiled by numba
+    """The row of k and v that holds position t (`_attend_rows`)."""
+    return table[t // block] * block + t % block
+
+
+def _block_scores(q, k, table, block, T, a, b, scores):  # pragma: no cover - runs compiled by numba
+    """scores[j, t - a] = q[j] . k[row t, h] for positions a .. b-1, rows h*G .. h*G + G - 1 against KV
     head h. Eight positions at a time (when d is a multiple of 8): llvm.dots8 takes one row
     against the 8 keys of a head, for each row of that head in turn, so the block of keys is read
     from memory once, in memory order (a position's KV heads lie side by side), and from cache for
@@ -141,13 +178,16 @@ def _block_scores(q, k, a, b, scores):  # pragma: no cover - runs compiled by nu
     width = scores.shape[1]
     stop = a if d % 8 else a + (b - a) // 8 * 8  # dots8 up to here (fits_rows: d > 0, so d >= 8 here)
     for t0 in range(a, stop, 8):
-        prefetch(k, (t0 + 16) * Hkv * d, 8 * Hkv * d)  # the keys two blocks ahead, all heads, into L2
+        if t0 + 16 < T:
+            prefetch(k, _row(table, block, t0 + 16) * Hkv * d, 8 * Hkv * d)  # the keys two steps ahead, into L2
+        r0 = _row(table, block, t0)
         for h in range(Hkv):
             for j in range(h * G, h * G + G):
-                dots8(k, (t0 * Hkv + h) * d, Hkv * d, q, j * d, d, scores, j * width + t0 - a)
+                dots8(k, (r0 * Hkv + h) * d, Hkv * d, q, j * d, d, scores, j * width + t0 - a)
     for t in range(stop, b):
+        r = _row(table, block, t)
         for h in range(Hkv):
-            kt = k[t, h]
+            kt = k[r, h]
             for j in range(h * G, h * G + G):
                 qj = q[j]
                 s = np.float32(0.0)
@@ -177,14 +217,15 @@ def _block_softmax(scores, a, b, everyone, S, merge):  # pragma: no cover - runs
         merge[j, d], merge[j, d + 1] = top, total
 
 
-def _block_values(scores, v, a, b, acc):  # pragma: no cover - runs compiled by numba
-    """acc[j] = sum over positions t = a .. b-1 of scores[j, t - a] * v[t, h] for every row j (h: its
-    KV head), the weights of positions row j may not see being 0. In chunks of CHUNK positions:
+def _block_values(scores, v, table, block, a, b, acc):  # pragma: no cover - runs compiled by numba
+    """acc[j] = sum over positions t = a .. b-1 of scores[j, t - a] * v[row t, h] for every row j (h:
+    its KV head), the weights of positions row j may not see being 0. In chunks of CHUNK positions:
     for each row, tiles.py's register tile of one output x 64 columns (8 vectors of sums; per
-    position 8 loads of V and 8 multiply-adds, the sums kept in registers over the chunk), the
-    chunk's sums then added to acc; columns past the last 64 in tiles of 8, then one at a time.
-    A head's value rows are read whole (d numbers side by side): the first row of the head brings
-    the chunk from memory, the others read it from cache."""
+    position 8 loads of V and 8 multiply-adds, the sums kept in registers over the chunk, or over
+    each run of it in one block of a paged cache, carried from run to run), the chunk's sums then
+    added to acc; columns past the last 64 in tiles of 8, then one at a time. A head's value rows
+    are read whole (d numbers side by side): the first row of the head brings the chunk from
+    memory, the others read it from cache."""
     R, d = acc.shape
     Hkv = v.shape[1]
     G = R // Hkv
@@ -201,19 +242,36 @@ def _block_values(scores, v, a, b, acc):  # pragma: no cover - runs compiled by 
             for j in range(h * G, h * G + G):
                 row = acc[j]
                 for c0 in range(0, wide, 64):
-                    tile1x64(scores, j * width + t0 - a, v, (t0 * Hkv + h) * d + c0, Hkv * d, t1 - t0, sums)
-                    for c in range(64):
-                        row[c0 + c] += sums[0, c]
+                    _weigh(scores, j * width - a, v, table, block, t0, t1, h * d + c0, 64, sums, row, c0)
                 for c0 in range(wide, narrow, 8):
-                    tile1x8(scores, j * width + t0 - a, v, (t0 * Hkv + h) * d + c0, Hkv * d, t1 - t0, sums)
-                    for c in range(8):
-                        row[c0 + c] += sums[0, c]
+                    _weigh(scores, j * width - a, v, table, block, t0, t1, h * d + c0, 8, sums, row, c0)
                 if narrow < d:
                     for t in range(t0, t1):
                         w = scores[j, t - a]
-                        vt = v[t, h]
+                        vt = v[_row(table, block, t), h]
                         for c in range(narrow, d):
                             row[c] += w * vt[c]
+
+
+def _weigh(scores, first, v, table, block, t0, t1, column, n, sums, row, c0):  # pragma: no cover - numba
+    """row[c0 : c0 + n] += sum over positions t0 .. t1-1 of scores.flat[first + t] times the n
+    numbers of V's row for t from `column` on (n: 64 or 8, one register tile): the tile's sums run
+    through each stretch of positions that lie in one block of rows, carried from one to the next,
+    so they are the same sums wherever the blocks lie."""
+    Hkv, d = v.shape[1], v.shape[2]
+    for c in range(n):
+        sums[0, c] = 0.0
+    s = t0
+    while s < t1:
+        e = min(t1, (s // block + 1) * block)
+        at = _row(table, block, s) * Hkv * d + column
+        if n == 64:
+            tile1x64(scores, first + s, v, at, Hkv * d, e - s, sums)
+        else:
+            tile1x8(scores, first + s, v, at, Hkv * d, e - s, sums)
+        s = e
+    for c in range(n):
+        row[c0 + c] += sums[0, c]
 
 
 def _merge(merge, out):  # pragma: no cover - runs compiled by numba

@@ -76,9 +76,10 @@ def _shuffler(builder):
     return shuffle
 
 
-def _open_loop(builder, name: str, n_sums: int, vec=_VEC):
-    """Start a loop over a counter from 0 with n_sums vectors (`vec`) of sums from zero: -> (loop, its
-    counter, the sums' phis); the builder is then inside the loop's block. `_close_loop` ends it."""
+def _open_loop(builder, name: str, n_sums: int, vec=_VEC, init=None):
+    """Start a loop over a counter from 0 with n_sums vectors (`vec`) of sums from zero (or from the
+    values `init`): -> (loop, its counter, the sums' phis); the builder is then inside the loop's
+    block. `_close_loop` ends it."""
     begin = builder.block
     loop = builder.append_basic_block(f"{name}.loop")
     builder.branch(loop)
@@ -86,8 +87,8 @@ def _open_loop(builder, name: str, n_sums: int, vec=_VEC):
     counter = builder.phi(_I64)
     counter.add_incoming(ir.Constant(_I64, 0), begin)
     sums = [builder.phi(vec) for _ in range(n_sums)]
-    for phi in sums:
-        phi.add_incoming(ir.Constant(vec, None), begin)
+    for i, phi in enumerate(sums):
+        phi.add_incoming(ir.Constant(vec, None) if init is None else init[i], begin)
     return loop, counter, sums
 
 
@@ -104,10 +105,12 @@ def _close_loop(builder, loop, counter, step: int, stop, sums, new) -> None:
     builder.position_at_end(done)
 
 
-def make_tile(outputs: int, rows: int, locality: int = 3, lanes: int = 8):
+def make_tile(outputs: int, rows: int, locality: int = 3, lanes: int = 8, accumulate: bool = False):
     """The tile intrinsic for `outputs` weight rows x `rows` input rows (a multiple of `lanes`: that
     many vectors of `lanes` sums per output; 16 needs AVX-512's registers, else LLVM splits each in
-    two), prefetching the next task's weights with LLVM's `locality` hint."""
+    two), prefetching the next task's weights with LLVM's `locality` hint. accumulate: the sums
+    start from acc's numbers instead of zero (acc += ...), so that a run of k cut in pieces, one
+    call each, adds the same products in the same order as one call."""
     if rows % lanes:
         raise ValueError(f"a tile's rows are whole vectors of {lanes} lanes, not {rows}")
     vectors = rows // lanes
@@ -115,7 +118,7 @@ def make_tile(outputs: int, rows: int, locality: int = 3, lanes: int = 8):
 
     @intrinsic
     def tile_(typingctx, wt, w_start, x, start, step, K, acc):
-        """acc[r, j] = sum_{k < K} wt.flat[w_start + r * N + k] * x.flat[start + k * step + j], r <
+        """acc[r, j] (+)= sum_{k < K} wt.flat[w_start + r * N + k] * x.flat[start + k * step + j], r <
         outputs, j < rows, N = wt.shape[1] (compiled code only: row n of a weight [., N] from its
         column c is w_start = n * N + c). wt (2-D) and acc [outputs, rows]: C-contiguous float32; x:
         a C-contiguous float32 array, read as one flat run of numbers (a packed block of rows: step =
@@ -143,8 +146,11 @@ def make_tile(outputs: int, rows: int, locality: int = 3, lanes: int = 8):
             undef = ir.Constant(vec, ir.Undefined)
             broadcast = ir.Constant(ir.VectorType(_I32, lanes), None)  # shuffle mask of zeros: lane 0 everywhere
 
+            acc_vec = [builder.bitcast(builder.gep(_floats(builder, aa), [const(lanes * i)]), vec.as_pointer())
+                       for i in range(vectors * outputs)]
+            init = [builder.load(p, align=4) for p in acc_vec] if accumulate else None
             # for k in range(K); sums [r][vector]: rows 0 .. lanes-1, lanes .., ...
-            loop, k, sums = _open_loop(builder, "tile", vectors * outputs, vec)
+            loop, k, sums = _open_loop(builder, "tile", vectors * outputs, vec, init)
             x_k = builder.gep(x_block, [builder.mul(k, step_)])
             xs = [builder.load(builder.bitcast(builder.gep(x_k, [const(lanes * v)]), vec.as_pointer()), align=4)
                   for v in range(vectors)]
@@ -157,9 +163,8 @@ def make_tile(outputs: int, rows: int, locality: int = 3, lanes: int = 8):
                 new += [builder.call(fma, [w8, xs[v], sums[vectors * r + v]]) for v in range(vectors)]
             _close_loop(builder, loop, k, 1, K, sums, new)
             # acc[r, lanes v : lanes (v + 1)] = the sums of vector v
-            for i, value in enumerate(new):
-                builder.store(value, builder.bitcast(builder.gep(_floats(builder, aa), [const(lanes * i)]), vec.as_pointer()),
-                              align=4)
+            for p, value in zip(acc_vec, new):
+                builder.store(value, p, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -321,6 +326,7 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
     return sig, codegen
 
 
-tile1x64 = make_tile(1, 64)  # 1 output x 64 rows: one_query's weighted values (a row's weights x 64 columns of V)
-tile1x8 = make_tile(1, 8)  # ... and 8 columns
+# 1 output x 64 rows, added to acc: few_queries' weighted values (a row's weights x 64 columns of V,
+# over positions in pieces where a paged cache's blocks end); and 8 columns
+tile1x64, tile1x8 = make_tile(1, 64, accumulate=True), make_tile(1, 8, accumulate=True)
 kdots2x4 = make_kdots(2, 4)  # 2 outputs x 4 rows, sums along k: few_rows' products for 4 rows
