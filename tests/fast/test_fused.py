@@ -178,13 +178,13 @@ def test_passes_of_one_shape_reuse_their_scratch_and_agree(layers_run):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("block", [8, 16, 3])
-def test_a_paged_sequence_runs_fused_with_a_kvcaches_numbers(name, block, layers_run):
+def test_a_paged_sequence_runs_fused_with_a_kvcaches_numbers(name, block, layers_run, monkeypatch):
     """A paged sequence (a server's cache) whose blocks hold a multiple of 8 positions runs every
     few-row pass fused, its K and V written into the pool's blocks and read where they lie (no
     gather): logits and stored rows equal a KVCache's bit for bit, through a prefill, decode
     steps, checks of a few guesses, a copy-on-write fork and blocks scattered by another sequence
-    taking blocks in between. Other block sizes run fast._block (the pool's append), with the same
-    numbers."""
+    taking blocks in between. Other block sizes run fast._block (the pool's append), with the
+    numbers of a KVCache's pass through fast._block."""
     from tinydecoder.serving.paged import PagedKVPool
 
     _, mine = pair(CONFIGS[name])
@@ -198,12 +198,18 @@ def test_a_paged_sequence_runs_fused_with_a_kvcaches_numbers(name, block, layers
         layers_run.clear()
         got = fast.forward(mine, ids[at:at + n], seq)
         fused_passes += layers_run == [n] * mine.config.n_layers
-        np.testing.assert_array_equal(got, fast.forward(mine, ids[at:at + n], cache))
+        with monkeypatch.context() as m:
+            if block % 8:  # the paged pass ran fast._block: so does the KVCache's (fused, the last bits may move)
+                unfused(m)
+            np.testing.assert_array_equal(got, fast.forward(mine, ids[at:at + n], cache))
         at += n
         if at > 30 and seq.n_blocks and len(seq.shared_blocks()) == 0:
             fork = seq.fork()  # the next pass copies the shared last block first
-            np.testing.assert_array_equal(fast.forward(mine, ids[at:at + 1], fork),
-                                          fast.forward(mine, ids[at:at + 1], cache.copy(1)))
+            forked = fast.forward(mine, ids[at:at + 1], fork)
+            with monkeypatch.context() as m:
+                if block % 8:
+                    unfused(m)
+                np.testing.assert_array_equal(forked, fast.forward(mine, ids[at:at + 1], cache.copy(1)))
             fork.release()
     assert fused_passes == (10 if block % 8 == 0 else 0)
     assert len(seq) == len(cache) == at and sorted(seq.block_table) != list(range(seq.n_blocks))
@@ -212,3 +218,31 @@ def test_a_paged_sequence_runs_fused_with_a_kvcaches_numbers(name, block, layers
         k, v = seq.append(layer, empty, empty)
         assert np.array_equal(k, cache.k[layer][:at]) and np.array_equal(v, cache.v[layer][:at])
     assert fused.applies(mine, seq, 1) == (block % 8 == 0)
+
+
+@pytest.mark.parametrize("block", [16, 4])
+def test_several_paged_sequences_in_one_pass_read_their_blocks_in_place(block, layers_run, monkeypatch):
+    """A server's batch of decoding requests: forward_batch over several paged sequences of one pool.
+    Their few new rows attend to K and V where the blocks lie (no `append`, no gather) when the
+    blocks hold a multiple of 8 positions, and every sequence's logits equal its own KVCache's
+    bit for bit; a prefill chunk of more rows (and blocks of 4) still gathers, with the same numbers."""
+    from tinydecoder.serving.paged import PagedKVPool
+
+    _, mine = pair(CONFIGS["gqa"])
+    pool = PagedKVPool.for_model(mine, 96, block)
+    seqs = [pool.new_sequence() for _ in range(3)]
+    caches = [mine.new_cache(4) for _ in range(3)]
+    ids = [tokens(40, seed=s) for s in range(3)]
+    appends = []
+    real = pool.append
+    monkeypatch.setattr(pool, "append", lambda *a: appends.append(a[2].shape[0]) or real(*a))
+    for lo, hi in ((0, 11), (11, 12), (12, 15), (15, 16), (16, 17)):  # a prefill of 11 rows, then few-row passes
+        appends.clear()
+        got = fast.forward_batch(mine, [t[lo:hi] for t in ids], seqs)
+        want = fast.forward_batch(mine, [t[lo:hi] for t in ids], caches)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        gathers = 3 * mine.config.n_layers
+        assert len(appends) == (gathers if hi - lo > tunables.ATTEND_ROWS_UP_TO or block % 8 else 0)
+    assert layers_run == []  # several sequences: never the fused single-sequence layer
+    assert [len(s) for s in seqs] == [17] * 3
