@@ -20,8 +20,10 @@ layer, each with its own temporaries. Here, per forward pass:
   (more) for the products, `compiled.few_queries` for a decode step or a few new rows,
   `compiled.prefill_attention` for more; RoPE rotates q and k in place (`rotate_heads`);
 - with numba, a pass over up to ATTEND_ROWS_UP_TO rows of one sequence with a KVCache or a paged
-  sequence (a decode step, a speculative check) runs each block as one compiled call of those kernels (`fused.layer`)
-  instead of `_block`'s Python between them (`fused_quant.layer` for a layer of GGUF blocks).
+  sequence (a decode step, a speculative check) runs each block as one compiled call of those
+  kernels (`fused.layer`) instead of `_block`'s Python between them (`fused_quant.layer` for a
+  layer of GGUF blocks); several paged sequences' few rows attend to their blocks in place
+  (`reads_blocks`).
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
 used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.

@@ -134,7 +134,7 @@ def _attend_rows(q, k, v, table, block, T, S, merge, out):  # pragma: no cover -
     read KV head h. k, v: [rows, Hkv, d], position t in row table[t // block] * block + t % block:
     a KVCache's whole arrays with table [0] and block >= T (`fused` passes them; positions T and
     later are not read), or a paged pool's blocks [n_blocks * block, Hkv, d] with a sequence's
-    block table (block a multiple of 8, where d is). Tasks: runs of positions (`_part`), each with
+    block table (block a multiple of 8 where d is: `dots8` reads 8 rows in a row). Tasks: runs of positions (`_part`), each with
     its own softmax (its max, its sum of exponentials, its weighted values: `merge`), merged at the
     end as flash-decoding merges its splits. The numbers depend on T and the tasks, not on where
     the rows lie: a paged cache's pass gives a KVCache's numbers. (Outside the parallel loop:
