@@ -432,3 +432,49 @@ def test_attention_over_blocks_refuses_what_it_cannot_read():
         few_queries.attend_rows_in_blocks(q, k, k, [0, 1], 16, 40)
     with pytest.raises(ValueError, match="blocks inside k"):
         few_queries.attend_rows_in_blocks(q, k, k, [0, 2], 16, 20)
+
+
+@needs_numba
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("kept_last", [False, True])
+def test_several_paged_sequences_attend_in_one_call_as_each_alone(block, kept_last):
+    """compiled.paged_attention.attend_sequences: sequences of one pool with 1-8 new rows each (or,
+    kept_last, only each one's last query row, as a pass's last layer keeps), their blocks
+    interleaved in the pool: every sequence's new K and V land in its own blocks and its output is
+    few_queries.attend_rows_in_blocks' for it alone, bit for bit; the other sequences' rows and
+    blocks nobody holds stay as they were."""
+    from tinydecoder.fast.compiled import paged_attention
+
+    Hq, Hkv, d = 6, 2, 64
+    rng = np.random.default_rng(block + kept_last)
+    news, pasts = [3, 1, 8, 1, 5], [0, 40, 7, 129, 16]
+    n_blocks = sum(-(-(p + s) // block) for p, s in zip(pasts, news)) + 4
+    order = rng.permutation(n_blocks)
+    tables, used = [], 0
+    for p, s in zip(pasts, news):
+        k = -(-(p + s) // block)
+        tables.append(order[used:used + k])
+        used += k
+    k_rows = rng.standard_normal((n_blocks * block, Hkv, d)).astype(np.float32)
+    v_rows = rng.standard_normal(k_rows.shape).astype(np.float32)
+    k_new = rng.standard_normal((sum(news), Hkv, d)).astype(np.float32)
+    v_new = rng.standard_normal(k_new.shape).astype(np.float32)
+    kv_bounds = np.cumsum([0] + news)
+    q_rows = [1] * len(news) if kept_last else news
+    q = rng.standard_normal((sum(q_rows), Hq, d)).astype(np.float32)
+    q_bounds = np.cumsum([0] + q_rows)
+    padded = np.zeros((len(news), max(len(t) for t in tables)), np.int64)
+    for s, t in enumerate(tables):
+        padded[s, :len(t)] = t
+    k_got, v_got = k_rows.copy(), v_rows.copy()
+    got = paged_attention.attend_sequences(q, k_new, v_new, q_bounds, kv_bounds, k_got, v_got, padded, block, pasts)
+    k_want, v_want = k_rows.copy(), v_rows.copy()
+    for s, (p, n) in enumerate(zip(pasts, news)):
+        at = np.array([tables[s][t // block] * block + t % block for t in range(p, p + n)])
+        k_want[at], v_want[at] = k_new[kv_bounds[s]:kv_bounds[s + 1]], v_new[kv_bounds[s]:kv_bounds[s + 1]]
+        alone = few_queries.attend_rows_in_blocks(q[q_bounds[s]:q_bounds[s + 1]], k_want, v_want, tables[s], block, p + n)
+        np.testing.assert_array_equal(got[q_bounds[s]:q_bounds[s + 1]], alone)
+    np.testing.assert_array_equal(k_got, k_want)
+    np.testing.assert_array_equal(v_got, v_want)
+    with pytest.raises(ValueError, match="block tables .* covering each sequence"):
+        paged_attention.attend_sequences(q, k_new, v_new, q_bounds, kv_bounds, k_got, v_got, padded[:, :1], block, pasts)

@@ -22,8 +22,8 @@ layer, each with its own temporaries. Here, per forward pass:
 - with numba, a pass over up to ATTEND_ROWS_UP_TO rows of one sequence with a KVCache or a paged
   sequence (a decode step, a speculative check) runs each block as one compiled call of those
   kernels (`fused.layer`) instead of `_block`'s Python between them (`fused_quant.layer` for a
-  layer of GGUF blocks); several paged sequences' few rows attend to their blocks in place
-  (`reads_blocks`).
+  layer of GGUF blocks); several paged sequences' few rows attend to their blocks in place, in
+  one compiled call (`paged_reads`).
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
 used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
@@ -43,7 +43,7 @@ from ..core.config import Config
 from ..core.model import Model
 from ..core.reference import embed_tokens
 from ..core.validate import check_context, check_token_ids
-from . import fused, fused_quant, tunables
+from . import fused, fused_quant, paged_reads, tunables
 from .aligned import empty64
 from .attention import attend, attend_one_query
 from .batch_cache import BatchKVCache
@@ -153,26 +153,6 @@ def attention_kernel(q, k_all, v_all) -> str:
     return "attend"
 
 
-def reads_blocks(cache, q) -> bool:
-    """Whether a paged sequence's attention for q [S, Hq, d] reads its K and V where its blocks lie
-    (`_attend_in_blocks`): numba, float32, at most ATTEND_ROWS_UP_TO rows, blocks of a multiple of 8
-    positions (few_queries.attend_rows_in_blocks). Else the pool's `append` gathers them."""
-    return (hasattr(cache, "layer_rows") and cache.block_size % 8 == 0 and jit.available()
-            and q.dtype == cache.dtype == np.float32 and 0 < q.shape[0] <= ATTEND_ROWS_UP_TO
-            and q.shape[1] % cache.config.n_kv_heads == 0)
-
-
-def _attend_in_blocks(cache, l: int, q, k_new, v_new):
-    """Layer l's attention of a paged sequence's new rows (`reads_blocks`): their K and V [S, Hkv, d]
-    written into its blocks (`layer_rows`), then every cached position read in place -> [S, Hq*d],
-    the numbers of the gathered cache bit for bit, without the gather."""
-    k_rows, v_rows, table, B, start = cache.layer_rows(l, len(k_new))
-    pos = np.arange(start, start + len(k_new))
-    at = table[pos // B] * B + pos % B
-    k_rows[at], v_rows[at] = k_new, v_new
-    return few_queries.attend_rows_in_blocks(q, k_rows, v_rows, table, B, start + len(k_new))
-
-
 def project(x, w, out, work=None):
     """out = x @ w for x [M, K], w [K, N] (as stored), choosing the kernel. Float32 rows times an
     out-major weight (SmolLM2's, `checkpoint.weights`) of at least SKINNY_MIN_WEIGHTS weights run
@@ -242,12 +222,14 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
     positions = np.concatenate([np.arange(p, p + len(t)) for p, t in zip(pasts, ids)])  # [N]
 
     def attention(l, q, k, v, rows):
+        if paged_reads.in_one_pool(caches, q, rows, bounds):  # paged sequences of one pool: one compiled call
+            return paged_reads.attend_sequences(l, q, k, v, rows, caches, bounds)
         out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), q.dtype)  # [Nq, Hq*d]
         for s, cache in enumerate(caches):
             a, b = bounds[s], bounds[s + 1]
             qa, qb = (a, b) if rows is None else (s, s + 1)
-            if reads_blocks(cache, q[qa:qb]):  # a paged sequence's few rows: its blocks where they lie
-                out[qa:qb] = _attend_in_blocks(cache, l, q[qa:qb], k[a:b], v[a:b])
+            if paged_reads.reads_blocks(cache, q[qa:qb]):  # a paged sequence's few rows: its blocks where they lie
+                out[qa:qb] = paged_reads.attend_in_blocks(cache, l, q[qa:qb], k[a:b], v[a:b])
                 continue
             k_all, v_all = cache.append(l, k[a:b], v[a:b])  # [T, Hkv, d]
             kernel = attention_kernel(q[qa:qb], k_all, v_all)
