@@ -2,7 +2,9 @@
 sequence for each layer's K and V, and the sequence answers by gathering its blocks into one
 contiguous [T, Hkv, d] copy (numpy fancy indexing). A paged-attention kernel (vLLM's) never
 makes that copy: it reads each block's rows from the pool through the block table inside the
-attention loop. `GatherCount` wraps a sequence and counts the bytes of those copies.
+attention loop, as the fast path does on float32 models with numba when a block holds a multiple
+of 8 positions (`fast.paged_reads`: a pass over a few rows copies nothing). `GatherCount` wraps
+a sequence and counts the bytes of those copies.
 
     seq = GatherCount(pool.new_sequence())      # use it wherever the sequence was used
     forward(model, prompt, seq)
