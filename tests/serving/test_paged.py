@@ -267,6 +267,11 @@ def test_wrong_model_and_bad_arguments():
         seq.append(0, np.zeros((2, 2, 4)), np.zeros((2, 2, 4)))
     with pytest.raises(ValueError, match="layer must be in 0..1"):
         seq.append(2, np.zeros((1, 1, 4)), np.zeros((1, 1, 4)))
+    with pytest.raises(ValueError, match="layer must be in 0..1"):
+        seq.layer_rows(-1, 1)
+    with pytest.raises(ValueError, match=r"n_new must be a number of new positions >= 0, got -1"):
+        seq.layer_rows(0, -1)
+    assert seq.lengths == [0, 0]  # nothing taken by the refused calls
     with pytest.raises(ValueError, match="n_blocks must be a positive integer"):
         PagedKVPool(TOY.config, 0, 4)
     with pytest.raises(ValueError, match="block_size must be a positive integer"):

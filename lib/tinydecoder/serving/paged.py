@@ -262,6 +262,8 @@ class PagedKVPool:
         self._live(seq)
         if not (isinstance(layer, (int, np.integer)) and 0 <= layer < self.config.n_layers):
             raise ValueError(f"layer must be in 0..{self.config.n_layers - 1}, got {layer!r}")
+        if not (isinstance(n_new, (int, np.integer)) and n_new >= 0):
+            raise ValueError(f"n_new must be a number of new positions >= 0, got {n_new!r}")
         start, B = seq.lengths[layer], self.block_size
         end = start + int(n_new)
         self._make_writable(seq, start, end)
