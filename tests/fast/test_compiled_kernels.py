@@ -478,3 +478,31 @@ def test_several_paged_sequences_attend_in_one_call_as_each_alone(block, kept_la
     np.testing.assert_array_equal(v_got, v_want)
     with pytest.raises(ValueError, match="block tables .* covering each sequence"):
         paged_attention.attend_sequences(q, k_new, v_new, q_bounds, kv_bounds, k_got, v_got, padded[:, :1], block, pasts)
+
+
+@needs_numba
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize("S, T", [(9, 9), (20, 37), (64, 300)])
+@pytest.mark.parametrize("d", [16, 64])
+def test_prefill_attention_over_a_paged_caches_blocks_equals_the_gathered_cache_bit_for_bit(block, S, T, d):
+    """prefill_attention.attend_prefill(blocks=...): a prefill chunk of S rows over T positions whose K
+    and V lie in a pool's scattered blocks gives exactly the numbers of the positions gathered in
+    order (its layout copies the same numbers into the same places); rows of other blocks are never
+    read; a table that does not cover T is refused."""
+    from tinydecoder.fast.compiled import prefill_attention
+
+    Hq, Hkv = 9, 3
+    rng = np.random.default_rng(block + S + T + d)
+    n_blocks = -(-T // block)
+    table = rng.permutation(2 * n_blocks + 1)[:n_blocks]
+    k_rows = rng.standard_normal(((2 * n_blocks + 1) * block, Hkv, d)).astype(np.float32)
+    v_rows = rng.standard_normal(k_rows.shape).astype(np.float32)
+    q = rng.standard_normal((S, Hq, d)).astype(np.float32)
+    at = np.array([table[t // block] * block + t % block for t in range(T)])
+    want = prefill_attention.attend_prefill(q, np.ascontiguousarray(k_rows[at]), np.ascontiguousarray(v_rows[at]))
+    others = np.setdiff1d(np.arange(len(k_rows)), at)
+    k_rows[others], v_rows[others] = 1e3, -1e3  # never read
+    got = prefill_attention.attend_prefill(q, k_rows, v_rows, blocks=(table, block, T))
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match=rf"covering T.*T={T + block}"):
+        prefill_attention.attend_prefill(q, k_rows, v_rows, blocks=(table, block, T + block))

@@ -22,8 +22,8 @@ layer, each with its own temporaries. Here, per forward pass:
 - with numba, a pass over up to ATTEND_ROWS_UP_TO rows of one sequence with a KVCache or a paged
   sequence (a decode step, a speculative check) runs each block as one compiled call of those
   kernels (`fused.layer`) instead of `_block`'s Python between them (`fused_quant.layer` for a
-  layer of GGUF blocks); several paged sequences' few rows attend to their blocks in place, in
-  one compiled call (`paged_reads`).
+  layer of GGUF blocks); a paged sequence's rows attend to its blocks where they lie
+  (`paged_reads`; several sequences' few rows in one compiled call).
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
 used (`qkv[:, :Hq*d]`), and no transposed or re-laid-out copy is made.
@@ -228,8 +228,8 @@ def forward_batch(model: Model, batch, caches=None, *, last_only: bool = False) 
         for s, cache in enumerate(caches):
             a, b = bounds[s], bounds[s + 1]
             qa, qb = (a, b) if rows is None else (s, s + 1)
-            if paged_reads.reads_blocks(cache, q[qa:qb]):  # a paged sequence's few rows: its blocks where they lie
-                out[qa:qb] = paged_reads.attend_in_blocks(cache, l, q[qa:qb], k[a:b], v[a:b])
+            if paged_reads.reads_blocks(cache, q[qa:qb]):  # a paged sequence: its blocks where they lie
+                paged_reads.attend_in_blocks(cache, l, q[qa:qb], k[a:b], v[a:b], out[qa:qb])
                 continue
             k_all, v_all = cache.append(l, k[a:b], v[a:b])  # [T, Hkv, d]
             kernel = attention_kernel(q[qa:qb], k_all, v_all)

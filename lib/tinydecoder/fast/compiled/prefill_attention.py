@@ -38,33 +38,47 @@ from .llvm import transpose8
 from .tiles import OUTPUTS, ROWS, tile
 
 prange = range  # numba.prange once compiled (jit.compiled)
+_ONE_BLOCK = np.zeros(1, np.int64)  # a KVCache's block table: its arrays are one block
 # compiled into `_attend_tasks` (jit.compiled)
 INLINE = ("compiled.vexp.exp_le0", "_lay_out", "_lay_out_rows", "_lay_out_keys_values", "_scores", "_softmax_columns")
 exp_le0 = None  # vexp.exp_le0, bound by jit.compiled
 
 
-def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray | None = None, *, blocks=None
+                   ) -> np.ndarray:
     """q: [S, Hq, d] float32, the newest S positions of one sequence; k, v: [T, Hkv, d] float32
     (the KVCache's layout, the S new positions last)  -> [S, Hq*d] (written into `out` when given:
-    float32, C-contiguous). Query s sees positions 0 .. T - S + s."""
+    float32, C-contiguous). Query s sees positions 0 .. T - S + s.
+
+    blocks=(table, block_size, T): k and v are a paged pool's blocks as rows [n_blocks * block_size,
+    Hkv, d] and position t lies in row table[t // block_size] * block_size + t % block_size (block
+    sizes a multiple of 8): the layout reads them there, and the numbers are those of the T
+    positions gathered in order, bit for bit."""
     S, Hq, d = q.shape
-    T, Hkv = k.shape[0], k.shape[1]
-    if not (q.dtype == k.dtype == v.dtype == np.float32 and k.shape == v.shape and k.shape[2] == d
-            and Hq % Hkv == 0 and 0 < S <= T):
-        raise ValueError(f"attend_prefill needs float32 q [S, Hq, d] and k, v [T, Hkv, d] with 0 < S <= T and "
-                         f"Hq a multiple of Hkv; got q {q.dtype}{list(q.shape)}, k {k.dtype}{list(k.shape)}, "
-                         f"v {v.dtype}{list(v.shape)}")
+    Hkv = k.shape[1]
+    table, block, T = (_ONE_BLOCK, k.shape[0], k.shape[0]) if blocks is None else blocks
+    table = np.asarray(table, np.int64)
+    ok = (q.dtype == k.dtype == v.dtype == np.float32 and k.shape == v.shape and k.shape[2] == d
+          and Hq % Hkv == 0 and 0 < S <= T and k.flags.c_contiguous and v.flags.c_contiguous)
+    if ok and blocks is not None:
+        ok = (isinstance(block, (int, np.integer)) and block > 0 and block % 8 == 0 and table.ndim == 1
+              and len(table) * block >= T and table.min() >= 0 and (table.max() + 1) * block <= k.shape[0])
+    if not ok:
+        raise ValueError(f"attend_prefill needs float32 q [S, Hq, d] and C-contiguous k, v [T, Hkv, d] with 0 < S <= T "
+                         f"and Hq a multiple of Hkv (with blocks: k, v the pool's rows, a table of blocks inside them "
+                         f"covering T, blocks of a multiple of 8 positions); got q {q.dtype}{list(q.shape)}, "
+                         f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}, T={T}")
     g = Hq // Hkv
     packed = np.empty((Hkv, -(-S * g // ROWS), d, ROWS), np.float32)  # rows r = s * g + i of KV head h, 16 a block
     keys = np.empty((Hkv, -(-T // OUTPUTS) * OUTPUTS, d), np.float32)  # tiles of OUTPUTS keys: zero keys past T
     values_t = np.empty((Hkv, -(-d // OUTPUTS) * OUTPUTS, T), np.float32)  # V transposed, zero columns past d
     out = np.empty((S, Hq * d), np.float32) if out is None else out
-    jit.compiled(_attend_tasks)(q, k, v, np.float32(1.0 / math.sqrt(d)), packed, keys, values_t, out,
-                                   jit.threads())
+    jit.compiled(_attend_tasks)(q, k, v, table, int(block), int(T), np.float32(1.0 / math.sqrt(d)), packed, keys,
+                                values_t, out, jit.threads())
     return out
 
 
-def _attend_tasks(q, k, v, scale, packed, keys, values_t, out, threads):  # pragma: no cover - runs compiled by numba
+def _attend_tasks(q, k, v, table, block, T, scale, packed, keys, values_t, out, threads):  # pragma: no cover - numba
     """out[s, (h * g + i) * d + c] for every query s, query head h * g + i of KV head h and
     column c (see attend_prefill). First every thread lays out its share of the operands for the
     tiles: the rows r = s * g + i of each KV head, times `scale`, packed as tiles.pack_rows packs
@@ -73,13 +87,13 @@ def _attend_tasks(q, k, v, scale, packed, keys, values_t, out, threads):  # prag
     block of 16 rows), dealt to the threads in turn (later blocks see more keys: each thread gets
     some of each)."""
     S, Hq, d = q.shape
-    T, Hkv = k.shape[0], k.shape[1]
+    Hkv = k.shape[1]
     blocks = packed.shape[1]
     g = Hq // Hkv
     past = T - S
     columns = values_t.shape[1]
     for w in prange(threads):
-        _lay_out(q, k, v, scale, packed, keys, values_t, w, threads)
+        _lay_out(q, k, v, table, block, T, scale, packed, keys, values_t, w, threads)
     for w in prange(threads):
         acc = np.empty((OUTPUTS, ROWS), np.float32)
         scores = np.empty((1, keys.shape[1], ROWS), np.float32)  # P [t, 16]: a packed block of rows for the tile
@@ -109,14 +123,14 @@ def _attend_tasks(q, k, v, scale, packed, keys, values_t, out, threads):  # prag
     return out
 
 
-def _lay_out(q, k, v, scale, packed, keys, values_t, w, threads):  # pragma: no cover - runs compiled by numba
+def _lay_out(q, k, v, table, block, T, scale, packed, keys, values_t, w, threads):  # pragma: no cover - numba
     """Thread w's share of the operands' layout (see _attend_tasks): blocks of rows in turn
     (`_lay_out_rows`), then blocks of 64 positions of every KV head in turn (`_lay_out_keys_values`)."""
     for task in range(w, k.shape[1] * packed.shape[1], threads):
         _lay_out_rows(q, scale, packed, task)
     spans = -(-keys.shape[1] // 64)
     for task in range(w, k.shape[1] * spans, threads):
-        _lay_out_keys_values(k, v, keys, values_t, task % k.shape[1], task // k.shape[1] * 64)
+        _lay_out_keys_values(k, v, table, block, T, keys, values_t, task % k.shape[1], task // k.shape[1] * 64)
 
 
 def _lay_out_rows(q, scale, packed, task):  # pragma: no cover - runs compiled by numba
@@ -140,26 +154,30 @@ def _lay_out_rows(q, scale, packed, task):  # pragma: no cover - runs compiled b
             block[c, j] = rows[j, c]
 
 
-def _lay_out_keys_values(k, v, keys, values_t, h, t0):  # pragma: no cover - runs compiled by numba
-    """Positions t0 .. t0+63 of KV head h: keys copied (zeros past T), values transposed 8
-    positions x 8 columns at a time (`transpose8`), the rest one number at a time."""
-    T, Hkv, d = k.shape
+def _lay_out_keys_values(k, v, table, block, T, keys, values_t, h, t0):  # pragma: no cover - numba
+    """Positions t0 .. t0+63 of KV head h (position t in row table[t // block] * block + t % block of
+    k and v): keys copied (zeros past T), values transposed 8 positions x 8 columns at a time
+    (`transpose8`: 8 rows in a row, as a block of a multiple of 8 positions keeps them), the rest
+    one number at a time."""
+    Hkv, d = k.shape[1], k.shape[2]
     columns = values_t.shape[1]
     t1 = min(t0 + 64, keys.shape[1])
     for t in range(t0, t1):
+        r = table[t // block] * block + t % block if t < T else 0
         for c in range(d):
-            keys[h, t, c] = k[t, h, c] if t < T else np.float32(0.0)
+            keys[h, t, c] = k[r, h, c] if t < T else np.float32(0.0)
     t1 = min(t1, T)
     whole = t0 + (t1 - t0) // 8 * 8  # positions transposed 8 at a time
     for c0 in range(0, d - d % 8, 8):
         for t in range(t0, whole, 8):
-            transpose8(v, (t * Hkv + h) * d + c0, Hkv * d, values_t, (h * columns + c0) * T + t, T)
+            r = table[t // block] * block + t % block
+            transpose8(v, (r * Hkv + h) * d + c0, Hkv * d, values_t, (h * columns + c0) * T + t, T)
         for c in range(c0, c0 + 8):
             for t in range(whole, t1):
-                values_t[h, c, t] = v[t, h, c]
+                values_t[h, c, t] = v[table[t // block] * block + t % block, h, c]
     for c in range(d - d % 8, columns):
         for t in range(t0, t1):
-            values_t[h, c, t] = v[t, h, c] if c < d else np.float32(0.0)
+            values_t[h, c, t] = v[table[t // block] * block + t % block, h, c] if c < d else np.float32(0.0)
 
 
 def _scores(keys, packed, b, seen, acc, p):  # pragma: no cover - runs compiled by numba
