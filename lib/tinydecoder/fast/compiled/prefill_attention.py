@@ -34,11 +34,11 @@ import math
 import numpy as np
 
 from . import jit
+from .few_queries import ONE_BLOCK
 from .llvm import transpose8
 from .tiles import OUTPUTS, ROWS, tile
 
 prange = range  # numba.prange once compiled (jit.compiled)
-_ONE_BLOCK = np.zeros(1, np.int64)  # a KVCache's block table: its arrays are one block
 # compiled into `_attend_tasks` (jit.compiled)
 INLINE = ("compiled.vexp.exp_le0", "_lay_out", "_lay_out_rows", "_lay_out_keys_values", "_scores", "_softmax_columns")
 exp_le0 = None  # vexp.exp_le0, bound by jit.compiled
@@ -56,7 +56,7 @@ def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray 
     positions gathered in order, bit for bit."""
     S, Hq, d = q.shape
     Hkv = k.shape[1]
-    table, block, T = (_ONE_BLOCK, k.shape[0], k.shape[0]) if blocks is None else blocks
+    table, block, T = (ONE_BLOCK, k.shape[0], k.shape[0]) if blocks is None else blocks
     table = np.asarray(table, np.int64)
     ok = (q.dtype == k.dtype == v.dtype == np.float32 and k.shape == v.shape and k.shape[2] == d
           and Hq % Hkv == 0 and 0 < S <= T and k.flags.c_contiguous and v.flags.c_contiguous)
