@@ -60,8 +60,9 @@ prange = range  # numba.prange once compiled (jit.compiled; no loop here runs in
 # on numba's threads), and called rather than inlined by numba (jit.compiled binds them).
 CALLS = {"forward_pass._rmsnorm_rows": False, "rope_tables._rope_rows": False, "compiled.few_rows._rows_times_rows": True,
          "compiled.tiles._rows_times_tiles": True, "compiled.few_queries._attend_rows": True, "forward_pass._swiglu_rows": True}
-INLINE = ("_times", "_attention_rows", "_add_rows")  # compiled into _layer_rows (and fused_quant's)
+INLINE = ("_times", "_attention_rows", "_add_rows", "compiled.few_queries._row")  # compiled into _layer_rows (and fused_quant's)
 _rmsnorm_rows = _rope_rows = _rows_times_rows = _rows_times_tiles = _swiglu_rows = _attend_rows = None  # bound by jit.compiled
+_row = None  # few_queries._row (where position t lies), bound by jit.compiled
 
 
 def applies(model: Model, cache, rows: int) -> bool:
@@ -221,7 +222,7 @@ def _attention_rows(qkv, Hq, scale, halves, cos, sin, kv, start, work):  # pragm
     Hkv, d = k_cache.shape[1], k_cache.shape[2]
     _rope_rows(qkv, Hq + Hkv, cos, sin, halves)  # q and k rotated in place
     for s in range(S):  # the new keys and values join the cache
-        r = table[(start + s) // block] * block + (start + s) % block
+        r = _row(table, block, start + s)
         for j in range(Hkv):
             for c in range(d):
                 k_cache[r, j, c] = qkv[s, (Hq + j) * d + c]

@@ -22,6 +22,8 @@ from .few_queries import TASKS_PER_THREAD
 
 CALLS = {"compiled.few_queries._attend_rows": True}  # called from the loop over sequences (parallel itself)
 _attend_rows = None  # few_queries._attend_rows, bound by jit.compiled
+INLINE = ("compiled.few_queries._row",)  # where position t lies: compiled into the loop
+_row = None  # bound by jit.compiled
 
 
 def attend_sequences(q, k_new, v_new, q_bounds, kv_bounds, k_rows, v_rows, tables, block: int, starts) -> np.ndarray:
@@ -70,7 +72,7 @@ def _attend_sequences(q, k_new, v_new, q_bounds, kv_bounds, k_rows, v_rows, tabl
         a, b, table = kv_bounds[s], kv_bounds[s + 1], tables[s]
         for i in range(b - a):  # the new K and V join the sequence's blocks
             t = starts[s] + i
-            r = table[t // block] * block + t % block
+            r = _row(table, block, t)
             for h in range(Hkv):
                 for c in range(d):
                     k_rows[r, h, c] = k_new[a + i, h, c]

@@ -40,8 +40,9 @@ from .tiles import OUTPUTS, ROWS, tile
 
 prange = range  # numba.prange once compiled (jit.compiled)
 # compiled into `_attend_tasks` (jit.compiled)
-INLINE = ("compiled.vexp.exp_le0", "_lay_out", "_lay_out_rows", "_lay_out_keys_values", "_scores", "_softmax_columns")
-exp_le0 = None  # vexp.exp_le0, bound by jit.compiled
+INLINE = ("compiled.vexp.exp_le0", "compiled.few_queries._row", "_lay_out", "_lay_out_rows", "_lay_out_keys_values",
+          "_scores", "_softmax_columns")
+exp_le0 = _row = None  # vexp.exp_le0 and few_queries._row (where position t lies), bound by jit.compiled
 
 
 def attend_prefill(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray | None = None, *, blocks=None
@@ -163,21 +164,21 @@ def _lay_out_keys_values(k, v, table, block, T, keys, values_t, h, t0):  # pragm
     columns = values_t.shape[1]
     t1 = min(t0 + 64, keys.shape[1])
     for t in range(t0, t1):
-        r = table[t // block] * block + t % block if t < T else 0
+        r = _row(table, block, t) if t < T else 0
         for c in range(d):
             keys[h, t, c] = k[r, h, c] if t < T else np.float32(0.0)
     t1 = min(t1, T)
     whole = t0 + (t1 - t0) // 8 * 8  # positions transposed 8 at a time
     for c0 in range(0, d - d % 8, 8):
         for t in range(t0, whole, 8):
-            r = table[t // block] * block + t % block
+            r = _row(table, block, t)
             transpose8(v, (r * Hkv + h) * d + c0, Hkv * d, values_t, (h * columns + c0) * T + t, T)
         for c in range(c0, c0 + 8):
             for t in range(whole, t1):
-                values_t[h, c, t] = v[table[t // block] * block + t % block, h, c]
+                values_t[h, c, t] = v[_row(table, block, t), h, c]
     for c in range(d - d % 8, columns):
         for t in range(t0, t1):
-            values_t[h, c, t] = v[table[t // block] * block + t % block, h, c] if c < d else np.float32(0.0)
+            values_t[h, c, t] = v[_row(table, block, t), h, c] if c < d else np.float32(0.0)
 
 
 def _scores(keys, packed, b, seen, acc, p):  # pragma: no cover - runs compiled by numba
