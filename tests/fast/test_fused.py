@@ -49,10 +49,16 @@ def pair(cfg, seed=5):
 @pytest.fixture
 def layers_run(monkeypatch):
     """Every matrix goes to numba's products (the toy matrices are below SKINNY_MIN_WEIGHTS); the
-    list collects the rows of each fused.layer call."""
+    list collects the rows of each layer fused.run_layers ran (all of them in one call)."""
     monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
-    calls, real = [], fused.layer
-    monkeypatch.setattr(fused, "layer", lambda model, l, x, *a: calls.append(x.shape[0]) or real(model, l, x, *a))
+    calls, real = [], fused.run_layers
+
+    def run_layers(model, x, *a):
+        ran = real(model, x, *a)
+        calls.extend([x.shape[0]] * ran)
+        return ran
+
+    monkeypatch.setattr(fused, "run_layers", run_layers)
     return calls
 
 
@@ -174,6 +180,31 @@ def test_passes_of_one_shape_reuse_their_scratch_and_agree(layers_run):
     again = fast.forward(model, tokens(3, seed=1), cache.copy(3))
     assert layers_run and np.array_equal(steps[0], steps[2]) and np.array_equal(steps[0], again)
     assert not np.array_equal(steps[0], steps[1])
+
+
+def test_the_layers_blocks_are_kept_and_made_again_when_a_weight_changes(layers_run, monkeypatch):
+    """run_layers' typed lists (`stacks`) are made once per model and cache, and made again when a
+    layer's weight is replaced or the cache grows: the passes after either are still right."""
+    from tinydecoder.fast import stacks
+
+    _, mine = pair(CONFIGS["gqa"])
+    ids = tokens(12, seed=8)
+    cache = mine.new_cache(9)
+    fast.forward(mine, ids[:8], cache)
+    first = stacks.blocks(mine, "float32", fused._block_of)
+    lists = stacks.layer_rows(cache, 0, 3)[:2]
+    fast.forward(mine, ids[8:9], cache)  # fits the capacity of 9: the same arrays
+    assert stacks.blocks(mine, "float32", fused._block_of) is first and stacks.layer_rows(cache, 0, 3)[:2] == lists
+    mine.layers[1].wo = np.asfortranarray(mine.layers[1].wo * 2)  # a new matrix for layer 1
+    unfused_cache = cache.copy()
+    layers_run.clear()
+    got = fast.forward(mine, ids[9:11], cache)  # past the capacity: the cache grows
+    assert layers_run == [2] * 3 and stacks.blocks(mine, "float32", fused._block_of) is not first
+    assert stacks.layer_rows(cache, 0, 3)[0][0] is cache.k[0] is not lists[0][0]
+    with monkeypatch.context() as m:
+        m.setattr(fused, "run_layers", lambda *a: 0)  # each layer by fast._block, with the new matrix
+        want = fast.forward(mine, ids[9:11], unfused_cache)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -67,8 +67,15 @@ def dequantised(model):
 
 @pytest.fixture
 def layers_run(monkeypatch):
-    calls, real = [], fused_quant.layer
-    monkeypatch.setattr(fused_quant, "layer", lambda model, l, x, *a: calls.append(x.shape[0]) or real(model, l, x, *a))
+    """The rows of each layer fused_quant.run_layers ran (all of them in one call)."""
+    calls, real = [], fused_quant.run_layers
+
+    def run_layers(model, x, *a):
+        ran = real(model, x, *a)
+        calls.extend([x.shape[0]] * ran)
+        return ran
+
+    monkeypatch.setattr(fused_quant, "run_layers", run_layers)
     return calls
 
 
@@ -91,7 +98,7 @@ def test_a_fused_quant_pass_equals_the_unfused_kernels(layout, past, rows, layer
     got = fast.forward(model, ids[past:], caches[0])
     assert layers_run == [rows] * model.config.n_layers  # every layer ran fused
     with monkeypatch.context() as m:
-        m.setattr(fused_quant, "fits", lambda *a: False)
+        m.setattr(fused_quant, "run_layers", lambda *a: 0)  # no layer runs fused: each one `_block`
         want = fast.forward(model, ids[past:], caches[1])
     assert len(layers_run) == model.config.n_layers  # the unfused pass did not
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
@@ -127,18 +134,20 @@ def test_fits_only_quant_layers_of_few_rows():
 @pytest.mark.parametrize("rows", [1, 2])
 def test_a_decode_step_reads_q4_1_layers_by_lookup_and_agrees_with_their_blocks(layers_run, rows):
     """A decode step (or a check of one guess: quant_planes.ROWS_UP_TO rows) by lookup."""
-    model = quant_model(config())
+    model, same = quant_model(config()), quant_model(config())  # the same blocks, twice
     ids = tokens(29 + rows, seed=4)
     cache = model.new_cache(40)
     fast.forward(model, ids[:29], cache)
-    q41 = [w for layer in model.layers for w in (layer.w_qkv, layer.wo, layer.w_gate_up, layer.w_down)
-           if w.kind == "Q4_1"]
-    assert all(w._planes is None for w in q41)  # a prefill does not ask for planes
-    for w in q41:
+
+    def q41(m):
+        return [w for layer in m.layers for w in (layer.w_qkv, layer.wo, layer.w_gate_up, layer.w_down)
+                if w.kind == "Q4_1"]
+
+    assert all(w._planes is None for w in q41(model))  # a prefill does not ask for planes
+    for w in q41(same):
         w._planes = False  # as where planes do not apply: the file's blocks
-    by_blocks = fast.forward(model, ids[29:], cache.copy(rows))
-    for w in q41:
-        w._planes = None
+    by_blocks = fast.forward(same, ids[29:], cache.copy(rows))
+    q41 = q41(model)
     layers_run.clear()
     by_lookup = fast.forward(model, ids[29:], cache)
     assert layers_run == [rows] * model.config.n_layers  # each layer one fused call, its products by `_product`

@@ -271,6 +271,9 @@ def test_wrong_model_and_bad_arguments():
         seq.layer_rows(-1, 1)
     with pytest.raises(ValueError, match=r"n_new must be a number of new positions >= 0, got -1"):
         seq.layer_rows(0, -1)
+    for bad in (range(0, 3), range(1, 1), range(0, 2, 2), [0, 1]):
+        with pytest.raises(ValueError, match=r"layer must be in 0..1 \(or a range of them\)"):
+            seq.layer_rows(bad, 1)
     assert seq.lengths == [0, 0]  # nothing taken by the refused calls
     with pytest.raises(ValueError, match="n_blocks must be a positive integer"):
         PagedKVPool(TOY.config, 0, 4)
@@ -286,6 +289,28 @@ def test_wrong_model_and_bad_arguments():
         pool.new_sequence([1, 99])
     with pytest.raises(ValueError, match="cannot truncate"):
         seq.truncate(1)
+    seq.layer_rows(0, 1)
+    with pytest.raises(ValueError, match=r"range\(0, 2\) of sequence 0 hold different numbers of positions: \[1, 0\]"):
+        seq.layer_rows(range(2), 1)
+
+
+def test_layer_rows_over_a_range_of_layers_does_each_ones_bookkeeping_at_once():
+    """A pass that runs every layer in one compiled call takes their rows at once: the same
+    blocks, copies, fills, lengths and prefix entries as one call a layer, and each layer's rows."""
+    pool, pool2 = PagedKVPool.for_model(TOY, 8, 2), PagedKVPool.for_model(TOY, 8, 2)
+    seqs = []
+    for p in (pool, pool2):
+        parent = p.new_sequence([3, 1, 4])
+        forward(TOY, [3, 1, 4], parent)
+        seqs.append(parent.fork())  # shares the partial block: the next rows copy it first
+        seqs[-1].add_tokens([1, 5])
+    at_once = seqs[0].layer_rows(range(2), 2)
+    one_by_one = [seqs[1].layer_rows(l, 2) for l in range(2)]
+    assert [k is pool._rows[l][0] for l, k in enumerate(at_once[0])] == [True, True]
+    assert [v is pool._rows[l][1] for l, v in enumerate(at_once[1])] == [True, True]
+    assert np.array_equal(at_once[2], one_by_one[1][2]) and at_once[3:] == one_by_one[1][3:] == (2, 3)
+    assert seqs[0].lengths == seqs[1].lengths == [5, 5] and pool.copies == pool2.copies == 1
+    assert np.array_equal(pool.fill, pool2.fill) and pool.prefix_index.keys() == pool2.prefix_index.keys()
 
 
 def test_block_table_matrix_and_stats():

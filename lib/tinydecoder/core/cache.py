@@ -126,7 +126,7 @@ class KVCache(HeldBytes):
     def reserve(self, layer: int, n: int):
         """Hold n more positions in `layer` and return (k, v, start): the layer's whole arrays
         [capacity, Hkv, d] (grown if needed) and the first of the n rows the caller must fill
-        (`fused.layer` writes them from compiled code). Like `append`, without the copy."""
+        (`fast.fused` writes them from compiled code). Like `append`, without the copy."""
         layer = layer_index(layer, self.config.n_layers)
         start = self.lengths[layer]
         end = start + n

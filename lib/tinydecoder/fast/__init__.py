@@ -6,7 +6,8 @@
 
 Rooms: `forward_pass` (the pass: fewer, larger numpy calls, or compiled kernels where numba is
 installed), `attention` (its attention in numpy), `batch_cache` (B sequences' K/V in one array),
-`fused` and `fused_quant` (a few rows' decoder block in one compiled call), `rope_tables` (RoPE's cos/sin
+`fused` and `fused_quant` (a few rows' decoder blocks, all in one compiled call; `stacks`, the typed
+lists that call takes), `rope_tables` (RoPE's cos/sin
 once per pass, rotated in place), `aligned` (work arrays on 64-byte lines), `tunables` (the measured
 thresholds), and `compiled/` (the numba kernels and `compiled.jit`, which compiles and binds them).
 Tests prove every path here equal to the reference on distinct weights.

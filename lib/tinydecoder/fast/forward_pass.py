@@ -20,9 +20,9 @@ layer, each with its own temporaries. Here, per forward pass:
   (more) for the products, `compiled.few_queries` for a decode step or a few new rows,
   `compiled.prefill_attention` for more; RoPE rotates q and k in place (`rotate_heads`);
 - with numba, a pass over up to ATTEND_ROWS_UP_TO rows of one sequence with a KVCache or a paged
-  sequence (a decode step, a speculative check) runs each block as one compiled call of those
-  kernels (`fused.layer`) instead of `_block`'s Python between them (`fused_quant.layer` for a
-  layer of GGUF blocks); a paged sequence's rows attend to its blocks where they lie
+  sequence (a decode step, a speculative check) runs its blocks in ONE compiled call of those
+  kernels (`fused.run_layers`) instead of `_block`'s Python between them (`fused_quant.run_layers`
+  for layers of GGUF blocks); a paged sequence's rows attend to its blocks where they lie
   (`paged_reads`; several sequences' few rows in one compiled call).
 
 Weights are used as stored: fused w_qkv [D, (Hq+2Hkv)d] and w_gate_up [D, 2F] are split where
@@ -285,8 +285,8 @@ def _forward_stacked(model: Model, ids, cache: BatchKVCache, last_only: bool) ->
 def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
     """Embedding, every block, the head.  attention(l, q, k, v, rows) appends k, v to the
     caches and returns [Nq, Hq*d]; keep: rows that the last layer keeps (None: all). With a
-    `fused_cache` (a pass `fused.applies` to: one sequence's few rows), a layer that keeps every
-    row runs as one compiled call, `fused.layer`, with that cache."""
+    `fused_cache` (a pass `fused.applies` to: one sequence's few rows), the layers that keep every
+    row run in ONE compiled call with that cache (`fused.run_layers`, or `fused_quant`'s)."""
     cfg = model.config
     x = embed_tokens(model, ids, positions)  # [N, D], a fresh array: updated in place below
     N, D = x.shape
@@ -296,17 +296,17 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
         keep = None
     use_numba = x.dtype == np.float32 and jit.available()
     with jit.one_blas_thread() if use_numba else contextlib.nullcontext():  # numba's threads run the kernels
-        work = None if fused_cache is None else fused.reused_scratch(model, N, len(fused_cache) + N)
-        for l, layer in enumerate(model.layers):
+        fused_layers = 0  # blocks run in one compiled call (x updated in place), the rest one by one below
+        if fused_cache is not None:
+            work = fused.reused_scratch(model, N, len(fused_cache) + N)
+            stop = cfg.n_layers if keep is None else cfg.n_layers - 1  # a last layer that drops rows: _block
+            fused_layers = (fused.run_layers(model, x, tables, fused_cache, work, stop)
+                            or fused_quant.run_layers(model, x, tables, fused_cache, work, stop))  # the file's blocks
+        for l in range(fused_layers, cfg.n_layers):
             rows = keep if l == cfg.n_layers - 1 else None
-            if work is not None and rows is None and fused.fits(layer):
-                fused.layer(model, l, x, tables, fused_cache, work)  # x updated in place
-            elif work is not None and rows is None and fused_quant.fits(layer, N):  # the file's blocks
-                fused_quant.layer(model, l, x, tables, fused_cache, work)
-            else:
-                if buffers is None:
-                    buffers = _Buffers(cfg, N, x.dtype, tiled=x.dtype == np.float32 and N > tunables.SWEEPS_UP_TO_ROWS)
-                x = _block(cfg, layer, l, x, tables, attention, rows, buffers)
+            if buffers is None:
+                buffers = _Buffers(cfg, N, x.dtype, tiled=x.dtype == np.float32 and N > tunables.SWEEPS_UP_TO_ROWS)
+            x = _block(cfg, model.layers[l], l, x, tables, attention, rows, buffers)
         h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, empty64(x.shape, x.dtype))
         return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
 

@@ -11,9 +11,9 @@ and a dozen small numpy calls per layer around the same kernels. The numbers are
 quantised path's (the same kernels in the same order; tests bound the last float32 bits).
 
 It applies where `fused.applies` does (a pass over a few rows of one sequence with a KVCache or
-a paged sequence), for each layer whose four matrices are QuantMatrix products up to
+a paged sequence), when every layer's four matrices are QuantMatrix products up to
 quant_rows.ROWS_UP_TO rows (`fits`); more rows (never a fused pass: ATTEND_ROWS_UP_TO is 8) would
-need quant_rows' tiles.
+need quant_rows' tiles. As in `fused`, `run_layers` runs all the layers in one call (`_qlayers`).
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from typing import NamedTuple
 import numpy as np
 
 from ..core.model import Model
-from . import fused
+from . import fused, stacks
 from .compiled import jit, quant_planes, quant_rows
 
 prange = range  # numba.prange once compiled (jit.compiled; nothing here runs in parallel itself)
 CALLS = {"forward_pass._rmsnorm_rows": False, "compiled.quant_rows._rows": True, "forward_pass._swiglu_rows": True,
          "compiled.quant_planes._plane_rows": True}
-INLINE = ("fused._attention_rows", "fused._add_rows", "_product")  # compiled into _qlayer_rows
+INLINE = ("_qlayer_rows", "fused._attention_rows", "fused._add_rows", "_product")  # compiled into _qlayers
 _rmsnorm_rows = _rows = _swiglu_rows = _plane_rows = _attention_rows = _add_rows = None  # bound by jit.compiled
 _NO_PLANES = np.zeros((0, 1, quant_planes.GROUP_BYTES), np.uint8)  # a part's planes where they are not used
 
@@ -63,15 +63,36 @@ def _kernel_args(w: quant_rows.QuantMatrix, rows: int) -> tuple:
             planes is not None)
 
 
-def layer(model: Model, l: int, x, tables, cache, work: fused.Scratch) -> None:
-    """As `fused.layer`: block l for the S rows x [S, D] (in place); their K and V join the cache."""
-    cfg, w = model.config, model.layers[l]
+def run_layers(model: Model, x, tables, cache, work: fused.Scratch, stop: int) -> int:
+    """As `fused.run_layers`: blocks 0 .. stop-1 for the S rows x [S, D] (in place) in ONE compiled
+    call (`_qlayers`), when every layer `fits`; their K and V join the cache. -> stop, or 0 (none run)."""
     S = x.shape[0]
-    kv, start = fused.cache_rows(cache, l, S)
-    block = QuantBlock(w.attn_norm, w.ffn_norm, _kernel_args(w.w_qkv, S), _kernel_args(w.wo, S),
-                       _kernel_args(w.w_gate_up, S), _kernel_args(w.w_down, S), np.float32(cfg.norm_eps), cfg.n_heads,
-                       np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
-    jit.compiled(_qlayer_rows, parallel=False)(x, block, tables.cos, tables.sin, kv, start, work, jit.threads())
+    kind = ("quant", S <= quant_planes.ROWS_UP_TO, S <= quant_rows.ROWS_UP_TO)  # by lookup; `fits` at all
+    blocks = stacks.blocks(model, kind, _block_of(S))
+    if blocks is None or stop < 1:
+        return 0
+    ks, vs, table, block, start = stacks.layer_rows(cache, S, stop)
+    jit.compiled(_qlayers, parallel=False)(x, blocks, stop, tables.cos, tables.sin, ks, vs, table, block, start, work,
+                                           jit.threads())
+    return stop
+
+
+def _block_of(rows: int):
+    """make(config, layer) for stacks.blocks: a layer's `QuantBlock` for passes over `rows` rows
+    where it `fits`, else None."""
+    def make(cfg, w):
+        if not fits(w, rows):
+            return None
+        return QuantBlock(w.attn_norm, w.ffn_norm, _kernel_args(w.w_qkv, rows), _kernel_args(w.wo, rows),
+                          _kernel_args(w.w_gate_up, rows), _kernel_args(w.w_down, rows), np.float32(cfg.norm_eps),
+                          cfg.n_heads, np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
+    return make
+
+
+def _qlayers(x, blocks, stop, cos, sin, ks, vs, table, block, start, work, threads):  # pragma: no cover - numba
+    """`_qlayer_rows` for layers 0 .. stop-1 (stacks.layer_rows' K and V lists, one block table)."""
+    for l in range(stop):
+        _qlayer_rows(x, blocks[l], cos, sin, fused.CacheRows(ks[l], vs[l], table, block), start, work, threads)
 
 
 def _qlayer_rows(x, block, cos, sin, kv, start, work, threads):  # pragma: no cover - numba

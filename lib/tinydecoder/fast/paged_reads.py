@@ -13,7 +13,7 @@ layout reads them there), with the gathered cache's numbers bit for bit:
     in_one_pool(caches, q, rows, bounds)             # several sequences' few rows, of one pool ...
     attend_sequences(l, q, k, v, rows, caches, bounds)   # ... in one compiled call (compiled.paged_attention)
 
-A pass over a few rows of a single paged sequence runs `fused.layer`, which reads the blocks the
+A pass over a few rows of a single paged sequence runs `fused.run_layers`, which reads the blocks the
 same way.
 """
 from __future__ import annotations

@@ -54,3 +54,13 @@ class PoolStats:
 
 def check_tokens(config: Config, token_ids) -> list:
     return [int(t) for t in check_token_ids(config, token_ids)]
+
+
+def check_new_rows(config: Config, k_new, v_new) -> tuple:
+    """Raise unless k_new and v_new are S new rows of K and V, [S, Hkv, d] each -> (Hkv, d)."""
+    expect = (config.n_kv_heads, config.head_dim)
+    for name, x in (("k_new", k_new), ("v_new", v_new)):
+        if np.ndim(x) != 3 or tuple(np.shape(x)[1:]) != expect or np.shape(x)[0] != np.shape(k_new)[0]:
+            raise ValueError(f"{name} must have shape [S, {expect[0]}, {expect[1]}] (S new rows, "
+                             f"Hkv, head_dim), the same S for K and V; got {np.shape(x)}")
+    return expect

@@ -67,7 +67,7 @@ import numpy as np
 from ..core.config import Config
 from ..core.validate import positive_int
 from .block_allocator import BlockAllocator
-from .blocks import PoolExhaustedError, PoolStats, block_hash, block_hashes, check_tokens  # noqa: F401
+from .blocks import PoolExhaustedError, PoolStats, block_hash, block_hashes, check_new_rows, check_tokens  # noqa: F401
 from .paged_sequence import PagedSequence
 
 
@@ -238,12 +238,7 @@ class PagedKVPool:
     def append(self, seq: PagedSequence, layer: int, k_new, v_new):
         """Write S new rows of `layer` into `seq`'s blocks (taking new blocks, or copying a shared
         one, as needed); return that layer's K, V for all T positions, [T, Hkv, d] each."""
-        cfg = self.config
-        expect = (cfg.n_kv_heads, cfg.head_dim)
-        for name, x in (("k_new", k_new), ("v_new", v_new)):
-            if np.ndim(x) != 3 or tuple(np.shape(x)[1:]) != expect or np.shape(x)[0] != np.shape(k_new)[0]:
-                raise ValueError(f"{name} must have shape [S, {expect[0]}, {expect[1]}] (S new rows, "
-                                 f"Hkv, head_dim), the same S for K and V; got {np.shape(x)}")
+        expect = check_new_rows(self.config, k_new, v_new)  # (Hkv, d)
         k, v, table, B, start = self.layer_rows(seq, layer, k_new.shape[0])
         end = start + k_new.shape[0]
         pos = np.arange(start, end)
@@ -254,26 +249,33 @@ class PagedKVPool:
         v_all = self.v[layer][used].reshape(len(used) * B, *expect)[:end]
         return k_all, v_all
 
-    def layer_rows(self, seq: PagedSequence, layer: int, n_new: int):
+    def layer_rows(self, seq: PagedSequence, layer, n_new: int):
         """`append` for a pass that writes the K and V rows itself, before anything else reads the
         pool (`fast.fused`): blocks taken or copied, the length grown, no write, no gather ->
         (k, v, table, block_size, start): the layer's blocks as rows [n_blocks * block_size, Hkv, d],
-        position t in row table[t // block_size] * block_size + t % block_size; the first new one."""
+        position t in row table[t // block_size] * block_size + t % block_size; the first new one.
+        `layer` may be a range of layers that hold as many positions (a pass running them in one
+        call): their bookkeeping at once, and k and v as lists of their rows."""
         self._live(seq)
-        if not (isinstance(layer, (int, np.integer)) and 0 <= layer < self.config.n_layers):
-            raise ValueError(f"layer must be in 0..{self.config.n_layers - 1}, got {layer!r}")
+        layers = range(layer, layer + 1) if isinstance(layer, (int, np.integer)) else layer
+        L = self.config.n_layers
+        if not (isinstance(layers, range) and layers.step == 1 and 0 <= layers.start < layers.stop <= L):
+            raise ValueError(f"layer must be in 0..{L - 1} (or a range of them), got {layer!r}")
         if not (isinstance(n_new, (int, np.integer)) and n_new >= 0):
             raise ValueError(f"n_new must be a number of new positions >= 0, got {n_new!r}")
-        start, B = seq.lengths[layer], self.block_size
+        start, B = seq.lengths[layers.start], self.block_size
+        if any(seq.lengths[l] != start for l in layers):
+            raise ValueError(f"{layers} of sequence {seq.seq_id} hold different numbers of positions: {seq.lengths}")
         end = start + int(n_new)
         self._make_writable(seq, start, end)
         for i in range(start // B, -(-end // B)):  # each block written: rows up to the last new one
             self.fill[seq.block_table[i]] = max(self.fill[seq.block_table[i]], min(end - i * B, B))
-        seq.lengths[layer] = end
-        if layer == self.config.n_layers - 1:
+        seq.lengths[layers.start:layers.stop] = [end] * len(layers)
+        if layers.stop == L:
             self._register_full_blocks(seq)
-        k, v = self._rows[layer]
-        return k, v, np.asarray(seq.block_table, np.int64), B, start
+        table = np.asarray(seq.block_table, np.int64)
+        k, v = [self._rows[l][0] for l in layers], [self._rows[l][1] for l in layers]
+        return (k, v, table, B, start) if layers is layer else (k[0], v[0], table, B, start)
 
     def _blocks_for(self, seq: PagedSequence, start: int, end: int):
         """(new blocks, shared logical blocks to copy) that writing positions start..end-1 needs."""

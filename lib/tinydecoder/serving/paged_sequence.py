@@ -49,9 +49,10 @@ class PagedSequence:
         """Positions per block of its pool."""
         return self.pool.block_size
 
-    def layer_rows(self, layer: int, n_new: int):
+    def layer_rows(self, layer, n_new: int):
         """`layer`'s next n_new positions handed to a pass that writes them in place (the pool's
-        `layer_rows`): -> (k rows, v rows, block table, block size, first new position)."""
+        `layer_rows`): -> (k rows, v rows, block table, block size, first new position); for a
+        range of layers, k and v are lists of each one's rows."""
         return self.pool.layer_rows(self, layer, n_new)
 
     def append(self, layer: int, k_new, v_new):
