@@ -33,7 +33,7 @@ def common_length(lengths, what: str, remedy: str) -> int:
 
 def check_made_for(what: str, made_for: Config, holds, config: Config, dtype, remedy: str) -> None:
     """Raise unless a cache made for (made_for, holds dtype) may serve a model (config, dtype)."""
-    if config != made_for:
+    if config is not made_for and config != made_for:
         diff = {f: (getattr(made_for, f), getattr(config, f)) for f in config.to_dict()
                 if getattr(made_for, f) != getattr(config, f)}
         raise ValueError(f"{what} was made for another model: config fields differ ({what}, model): "
@@ -55,7 +55,7 @@ class LayerKV:
 
 def check_cache(cache, config: Config, dtype):
     """`cache` if it can serve a model (config, dtype); a clear error otherwise."""
-    if not isinstance(cache, Cache):
+    if type(cache) is not KVCache and not isinstance(cache, Cache):  # (a Protocol's isinstance asks every method)
         raise TypeError(f"cache must be a KV cache (a KVCache, a paged sequence, ... with __len__, check and "
                         f"append) or None, got {type(cache).__name__}")
     cache.check(config, dtype)

@@ -88,9 +88,8 @@ def check_token_ids(config, token_ids) -> np.ndarray:
         if arr.size and arr.min() < 0:
             raise ValueError(f"token id {int(arr.min())} is negative: ids are integers >= 0")
         return arr.astype(np.int64, copy=False)
-    out_of_range = np.flatnonzero((arr < 0) | (arr >= config.vocab_size))
-    if out_of_range.size:
-        i = int(out_of_range[0])
+    if arr.min() < 0 or arr.max() >= config.vocab_size:
+        i = int(np.flatnonzero((arr < 0) | (arr >= config.vocab_size))[0])
         raise ValueError(f"token id {int(arr[i])} at position {i} is out of range: "
                          f"ids must be in 0..{config.vocab_size - 1} (vocab_size {config.vocab_size})")
     return arr.astype(np.int64, copy=False)

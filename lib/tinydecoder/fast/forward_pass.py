@@ -296,7 +296,7 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
         keep = None
     use_numba = x.dtype == np.float32 and jit.available()
     with jit.one_blas_thread() if use_numba else contextlib.nullcontext():  # numba's threads run the kernels
-        fused_layers = 0  # blocks run in one compiled call (x updated in place), the rest one by one below
+        fused_layers, work = 0, None  # blocks run in one compiled call (x updated in place), the rest one by one below
         if fused_cache is not None:
             work = fused.reused_scratch(model, N, len(fused_cache) + N)
             stop = cfg.n_layers if keep is None else cfg.n_layers - 1  # a last layer that drops rows: _block
@@ -307,7 +307,7 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
             if buffers is None:
                 buffers = _Buffers(cfg, N, x.dtype, tiled=x.dtype == np.float32 and N > tunables.SWEEPS_UP_TO_ROWS)
             x = _block(cfg, model.layers[l], l, x, tables, attention, rows, buffers)
-        h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, empty64(x.shape, x.dtype))
+        h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, empty64(x.shape, x.dtype) if work is None else work.h)
         return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
 
 

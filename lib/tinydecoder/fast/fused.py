@@ -182,8 +182,10 @@ def run_layers(model: Model, x, tables, cache, work: Scratch, stop: int) -> int:
     layer `fits`; their K and V join the cache. -> the blocks run: stop, or 0 (none; the caller
     runs them another way). tables: rope_tables.rope_tables for the rows."""
     S = x.shape[0]
+    if stop < 1 or not fits(model.layers[0]):  # (the first layer first: no stack of another model's kind)
+        return 0
     blocks = stacks.blocks(model, "float32", _block_of)
-    if blocks is None or stop < 1:
+    if blocks is None:
         return 0
     ks, vs, table, block, start = stacks.layer_rows(cache, S, stop)
     jit.compiled(_layers, parallel=False)(x, blocks, stop, tables.cos, tables.sin, ks, vs, table, block, start, work,

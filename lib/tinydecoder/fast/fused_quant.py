@@ -67,9 +67,11 @@ def run_layers(model: Model, x, tables, cache, work: fused.Scratch, stop: int) -
     """As `fused.run_layers`: blocks 0 .. stop-1 for the S rows x [S, D] (in place) in ONE compiled
     call (`_qlayers`), when every layer `fits`; their K and V join the cache. -> stop, or 0 (none run)."""
     S = x.shape[0]
+    if stop < 1 or not fits(model.layers[0], S):  # (the first layer first, as fused.run_layers)
+        return 0
     kind = ("quant", S <= quant_planes.ROWS_UP_TO, S <= quant_rows.ROWS_UP_TO)  # by lookup; `fits` at all
     blocks = stacks.blocks(model, kind, _block_of(S))
-    if blocks is None or stop < 1:
+    if blocks is None:
         return 0
     ks, vs, table, block, start = stacks.layer_rows(cache, S, stop)
     jit.compiled(_qlayers, parallel=False)(x, blocks, stop, tables.cos, tables.sin, ks, vs, table, block, start, work,

@@ -3,7 +3,7 @@ numpy (`rotate_with_tables`) or in place by one compiled call (`rotate_heads`, w
 as `core.ops.apply_rope`; `core.rope` has the two layouts it follows."""
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
 
 import numpy as np
 
@@ -12,27 +12,37 @@ from ..core.ops import rope_angles
 from .compiled import jit
 
 
-class RopeTables(NamedTuple):
-    """RoPE's cos and sin for every row of a pass, computed once: cos2 and sin2 shaped for `rotate_with_tables`,
-    cos and sin [N, d/2] for the compiled `rotate_heads`."""
-    cos2: np.ndarray  # [N, 1, 2, d/2] ("halves") or [N, 1, d/2, 2] ("interleaved")
-    sin2: np.ndarray  # the same, signed: the pair's first member gets -x2 sin, the second +x1 sin
-    cos: np.ndarray  # [N, d/2]
-    sin: np.ndarray  # [N, d/2]
+class RopeTables:
+    """RoPE's cos and sin for every row of a pass, computed once: cos and sin [N, d/2] for the
+    compiled `rotate_heads`; cos2 and sin2 shaped for numpy's `rotate_with_tables`, made from them
+    when first asked (a pass whose heads numba rotates never asks)."""
+
+    def __init__(self, cos: np.ndarray, sin: np.ndarray, layout: str):
+        self.cos, self.sin, self.layout = cos, sin, layout  # [N, d/2] each
+
+    @functools.cached_property
+    def cos2(self) -> np.ndarray:
+        """[N, 1, 2, d/2] ("halves") or [N, 1, d/2, 2] ("interleaved")."""
+        return np.stack([self.cos, self.cos], axis=self._axis)[:, None]
+
+    @functools.cached_property
+    def sin2(self) -> np.ndarray:
+        """The same, signed: the pair's first member gets -x2 sin, the second +x1 sin."""
+        return np.stack([-self.sin, self.sin], axis=self._axis)[:, None]
+
+    @property
+    def _axis(self) -> int:
+        return 1 if self.layout == "halves" else 2  # where the pair's two members sit
 
     def take(self, rows) -> RopeTables:
         """The tables of some rows only."""
-        return RopeTables(*(np.ascontiguousarray(t[rows]) for t in self))
+        return RopeTables(np.ascontiguousarray(self.cos[rows]), np.ascontiguousarray(self.sin[rows]), self.layout)
 
 
 def rope_tables(config: Config, positions, dtype) -> RopeTables:
     """cos and sin for every row, once per pass (see RopeTables)."""
     cos, sin = rope_angles(positions, config.head_dim, config.rope_base)  # [N, d/2] each, float64
-    cos, sin = cos.astype(dtype), sin.astype(dtype)
-    axis = 1 if config.rope_layout == "halves" else 2  # where the pair's two members sit
-    cos2 = np.stack([cos, cos], axis=axis)[:, None]  # [N, 1, 2, d/2] or [N, 1, d/2, 2]
-    sin2 = np.stack([-sin, sin], axis=axis)[:, None]  # first member gets -x2 sin, second +x1 sin
-    return RopeTables(cos2, sin2, cos, sin)
+    return RopeTables(cos.astype(dtype), sin.astype(dtype), config.rope_layout)
 
 
 def rotate_with_tables(x, tables: RopeTables, layout: str):
