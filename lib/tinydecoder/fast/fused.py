@@ -92,17 +92,6 @@ class CacheRows(NamedTuple):
     block: int
 
 
-def cache_rows(cache, l: int, rows: int) -> tuple:
-    """Layer l's rows for `rows` new positions of `cache`, taken (its length grows; the pass writes
-    them) -> (CacheRows, the first new position). A KVCache's own arrays, or a paged sequence's
-    pool blocks with its block table (`layer_rows`: no copy, no gather)."""
-    if type(cache) is KVCache:
-        k, v, start = cache.reserve(l, rows)  # [capacity, Hkv, d] each; rows start .. start+S-1 are ours
-        return CacheRows(k, v, few_queries.ONE_BLOCK, k.shape[0]), start
-    k, v, table, block, start = cache.layer_rows(l, rows)
-    return CacheRows(k, v, table, block), start
-
-
 def fits(weights) -> bool:
     """Whether a layer's four matrices are ones `forward_pass.project` gives to numba's kernels (skinny's
     sweeps, or tiles): out-major float32 of at least SKINNY_MIN_WEIGHTS numbers."""

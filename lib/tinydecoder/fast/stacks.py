@@ -10,9 +10,10 @@ kept:
 
 - `blocks(model, kind, make)`: the list of `make(config, layer)` over the model's layers, kept per model
   and kind while the layers' weights are the same objects (checked each pass, ~5 us);
-- `layer_rows(cache, rows, stop)`: the cache's rows for the pass in layers 0 .. stop-1 (taken, as
-  fused.cache_rows takes them), and the lists of their K and V arrays, kept per cache (a KVCache)
-  or pool (a paged sequence's) while its arrays are the same (a KVCache's change when it grows).
+- `layer_rows(cache, rows, stop)`: the cache's rows for the pass in layers 0 .. stop-1 (taken: a
+  KVCache's `reserve`, a paged sequence's `layer_rows`; no copy, no gather), and the lists of their
+  K and V arrays, kept per cache (a KVCache) or pool (a paged sequence's) while its arrays are the
+  same (a KVCache's change when it grows).
 """
 from __future__ import annotations
 
