@@ -18,7 +18,8 @@ softmax (its max, its sum of exponentials, its weighted values), and the blocks 
 the end as flash-decoding merges its splits (notebook 12). TASKS_PER_THREAD tasks per numba
 thread. Inside a task, both products run in llvm.py's loops: the scores eight keys at a
 time per query row (`dots8`: eight dot products reduced together, instead of a horizontal add
-for each), the weighted values one row's weights x 64 columns of V in registers (`tile1x64`).
+for each), the weighted values up to 4 query rows' weights x 64 columns of V in registers
+(`tile4x64` on AVX-512: each V vector loaded once for the rows of its head; `tile1x64` on AVX2).
 The softmax's exponentials are `vexp.exp_le0`, which LLVM vectorises. Same numbers as
 `ops.attention`, up to the order of float32 sums and exp's last bits (tests bound it).
 
@@ -28,7 +29,10 @@ positions 7.5 -> 6.9 ms, 8 rows over 512 positions 12.1 -> 7.5 ms, against one d
 key and row and one multiply-add per value row and column. Cold, the order of the reads counts:
 weighted values in tiles of 3 rows x 32 columns (a row of V read in pieces, 6 passes over the
 block) were faster in cache but slower at 2,048 (medians 8.6-9.5 ms against 7.1-7.4 for the old
-loop, in the same runs).
+loop, in the same runs). The values of up to 4 rows in one tile (Zen 5, December 2026, SmolLM2's
+shapes at 132 positions, the same numbers bit for bit): in cache 10.1 / 26.7 / 48.9 -> 5.4 / 13.0 /
+23.3 us for 1 / 4 / 8 new rows; 30 layers' caches read from L3 or memory, processes taking turns,
+no change for 1 row, 3-6% less for 3-4 rows, 13% for 8 (there the reads decide).
 """
 from __future__ import annotations
 
@@ -42,9 +46,11 @@ from .few_rows import dot_rows
 prange = range  # numba.prange once compiled (jit.compiled)
 # compiled into the kernels (jit.compiled)
 INLINE = ("dot_rows", "_part", "_row", "_weigh", "_block_scores", "_block_softmax", "_block_values", "_merge",
-          "compiled.vexp.exp_le0", "compiled.llvm.tile1x64", "compiled.llvm.tile1x8", "compiled.llvm.dots8",
-          "compiled.llvm.prefetch")
-tile1x64 = tile1x8 = dots8 = prefetch = None  # llvm.py's, bound by jit.compiled (it imports numba)
+          "compiled.vexp.exp_le0", "compiled.llvm.tile1x64", "compiled.llvm.tile2x64", "compiled.llvm.tile3x64",
+          "compiled.llvm.tile4x64", "compiled.llvm.tile1x8", "compiled.llvm.dots8", "compiled.llvm.prefetch",
+          "compiled.llvm.VALUE_ROWS")
+tile1x64 = tile2x64 = tile3x64 = tile4x64 = tile1x8 = dots8 = prefetch = None  # llvm.py's, bound by jit.compiled
+VALUE_ROWS = 1  # llvm.VALUE_ROWS, query rows weighed together (`_block_values`; 4 on AVX-512), bound by jit.compiled
 exp_le0 = None  # vexp.exp_le0, a vectorisable exp(x <= 0), bound by jit.compiled (vexp imports numba)
 CHUNK = 64  # positions whose values are weighed together (their V, 48 KB for SmolLM2, stays in cache)
 TASKS_PER_THREAD = 2  # blocks of positions per numba thread (2 balance the threads; more read no faster)
@@ -220,58 +226,70 @@ def _block_softmax(scores, a, b, everyone, S, merge):  # pragma: no cover - runs
 def _block_values(scores, v, table, block, a, b, acc):  # pragma: no cover - runs compiled by numba
     """acc[j] = sum over positions t = a .. b-1 of scores[j, t - a] * v[row t, h] for every row j (h:
     its KV head), the weights of positions row j may not see being 0. In chunks of CHUNK positions:
-    for each row, tiles.py's register tile of one output x 64 columns (8 vectors of sums; per
-    position 8 loads of V and 8 multiply-adds, the sums kept in registers over the chunk, or over
-    each run of it in one block of a paged cache, carried from run to run), the chunk's sums then
-    added to acc; columns past the last 64 in tiles of 8, then one at a time. A head's value rows
-    are read whole (d numbers side by side): the first row of the head brings the chunk from
-    memory, the others read it from cache."""
+    for up to VALUE_ROWS rows of a head at once, llvm.py's register tile of those rows x 64 columns
+    (per position one load of each V vector for all of them, a multiply-add per row; the sums kept
+    in registers over the chunk, or over each run of it in one block of a paged cache, carried from
+    run to run), the chunk's sums then added to acc; columns past the last 64 in tiles of one row x
+    8, then one at a time. Each sum grows by the same multiply-adds in the same order whatever the
+    rows weighed with it. A head's value rows are read whole (d numbers side by side): the first
+    rows of the head bring the chunk from memory, the others read it from cache."""
     R, d = acc.shape
     Hkv = v.shape[1]
     G = R // Hkv
     width = scores.shape[1]
     wide = d - d % 64  # columns in tiles of 64
     narrow = d - d % 8  # ... and of 8
-    sums = np.empty((1, 64), np.float32)
+    sums = np.empty((VALUE_ROWS, 64), np.float32)
     for j in range(R):
         for c in range(d):
             acc[j, c] = 0.0
     for t0 in range(a, b, CHUNK):
         t1 = min(t0 + CHUNK, b)
         for h in range(Hkv):
-            for j in range(h * G, h * G + G):
-                row = acc[j]
+            for j0 in range(h * G, h * G + G, VALUE_ROWS):
+                n = min(VALUE_ROWS, h * G + G - j0)
                 for c0 in range(0, wide, 64):
-                    _weigh(scores, j * width - a, v, table, block, t0, t1, h * d + c0, 64, sums, row, c0)
-                for c0 in range(wide, narrow, 8):
-                    _weigh(scores, j * width - a, v, table, block, t0, t1, h * d + c0, 8, sums, row, c0)
-                if narrow < d:
-                    for t in range(t0, t1):
-                        w = scores[j, t - a]
-                        vt = v[_row(table, block, t), h]
-                        for c in range(narrow, d):
-                            row[c] += w * vt[c]
+                    _weigh(scores, j0, n, j0 * width - a, v, table, block, t0, t1, h * d + c0, 64, sums, acc, c0)
+                for j in range(j0, j0 + n):
+                    for c0 in range(wide, narrow, 8):
+                        _weigh(scores, j, 1, j * width - a, v, table, block, t0, t1, h * d + c0, 8, sums, acc, c0)
+                    if narrow < d:
+                        row = acc[j]
+                        for t in range(t0, t1):
+                            w = scores[j, t - a]
+                            vt = v[_row(table, block, t), h]
+                            for c in range(narrow, d):
+                                row[c] += w * vt[c]
 
 
-def _weigh(scores, first, v, table, block, t0, t1, column, n, sums, row, c0):  # pragma: no cover - numba
-    """row[c0 : c0 + n] += sum over positions t0 .. t1-1 of scores.flat[first + t] times the n
-    numbers of V's row for t from `column` on (n: 64 or 8, one register tile): the tile's sums run
-    through each stretch of positions that lie in one block of rows, carried from one to the next,
-    so they are the same sums wherever the blocks lie."""
+def _weigh(scores, j0, n, first, v, table, block, t0, t1, column, cols, sums, acc, c0):  # pragma: no cover - numba
+    """acc[j0 + r, c0 : c0 + cols] += sum over positions t0 .. t1-1 of scores.flat[first + r * width + t]
+    times the `cols` numbers of V's row for t from `column` on, for each of n rows r (cols: 64, or 8
+    with n = 1; one register tile): the tile's sums run through each stretch of positions that lie
+    in one block of rows, carried from one to the next, so they are the same sums wherever the
+    blocks lie."""
     Hkv, d = v.shape[1], v.shape[2]
-    for c in range(n):
-        sums[0, c] = 0.0
+    for r in range(n):
+        for c in range(cols):
+            sums[r, c] = 0.0
     s = t0
     while s < t1:
         e = min(t1, (s // block + 1) * block)
         at = _row(table, block, s) * Hkv * d + column
-        if n == 64:
-            tile1x64(scores, first + s, v, at, Hkv * d, e - s, sums)
-        else:
+        if cols == 8:
             tile1x8(scores, first + s, v, at, Hkv * d, e - s, sums)
+        elif n == 1:
+            tile1x64(scores, first + s, v, at, Hkv * d, e - s, sums)
+        elif n == 2:
+            tile2x64(scores, first + s, v, at, Hkv * d, e - s, sums)
+        elif n == 3:
+            tile3x64(scores, first + s, v, at, Hkv * d, e - s, sums)
+        else:
+            tile4x64(scores, first + s, v, at, Hkv * d, e - s, sums)
         s = e
-    for c in range(n):
-        row[c0 + c] += sums[0, c]
+    for r in range(n):
+        for c in range(cols):
+            acc[j0 + r, c0 + c] += sums[r, c]
 
 
 def _merge(merge, out):  # pragma: no cover - runs compiled by numba

@@ -329,4 +329,8 @@ def dots8(typingctx, x, x_start, x_step, q, q_start, d, out, out_start):
 # 1 output x 64 rows, added to acc: few_queries' weighted values (a row's weights x 64 columns of V,
 # over positions in pieces where a paged cache's blocks end); and 8 columns
 tile1x64, tile1x8 = make_tile(1, 64, accumulate=True), make_tile(1, 8, accumulate=True)
+# ... and 2-4 query rows at once (each V vector loaded once for them), on AVX-512's 16 lanes:
+# 4 rows x 4 vectors of sums (AVX2's 16 registers would hold one row's 8)
+tile2x64, tile3x64, tile4x64 = (make_tile(n, 64, lanes=16, accumulate=True) for n in (2, 3, 4))
+VALUE_ROWS = 4 if has_avx512() else 1  # the most query rows few_queries weighs at once
 kdots2x4 = make_kdots(2, 4)  # 2 outputs x 4 rows, sums along k: few_rows' products for 4 rows
