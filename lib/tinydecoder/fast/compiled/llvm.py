@@ -3,7 +3,7 @@ IR, since numba has no vector types and LLVM does not find these schedules in a 
 Each is called from compiled code only (a module binds it with jit.compiled's INLINE).
 
 - `make_tile(outputs, rows)`: a register tile of outputs x rows sums grown by outer products
-  over k (tiles.py's products for more than a few rows; `tile1x64`, `tile1x8`: one_query's
+  over k (tiles.py's products for more than a few rows; `tile1x64` .. `tile4x64`, `tile1x8`: few_queries'
   weighted values), prefetching the next task's weights.
 - `make_kdots(outputs, rows)`: outputs x rows dot products with the sums along k in vectors,
   reduced at the end (`kdots2x4`: few_rows' products for 4 rows).
