@@ -115,6 +115,20 @@ def test_fused_decode_and_checks_equal_the_reference(name, layers_run):
     assert len(cache) == at
 
 
+def test_a_last_only_pass_over_a_few_rows_runs_the_head_on_the_kept_row_only(layers_run, monkeypatch):
+    """A short prompt with last_only: every layer but the last fused, the last keeps one row, and
+    the final norm and the head see that row alone (not the pass's scratch of every row)."""
+    ref, mine = pair(CONFIGS["gqa"])
+    ids = tokens(5, seed=6)
+    heads, real = [], fast.project
+    monkeypatch.setattr(fast, "project", lambda h, w, out, *a: (heads.append(h.shape[0]) if w is mine.lm_head else None)
+                        or real(h, w, out, *a))
+    got = fast.forward(mine, ids, mine.new_cache(8), last_only=True)
+    assert layers_run == [5] * (mine.config.n_layers - 1) and heads == [1]
+    want = reference.forward(ref, ids)[-1:]
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * np.abs(want).max())
+
+
 def test_other_passes_run_the_unfused_block_and_stay_right(layers_run):
     ref, mine = pair(CONFIGS["gqa"])
     ids = tokens(20, seed=2)

@@ -307,7 +307,8 @@ def _run(model: Model, ids, positions, attention, keep, fused_cache=None):
             if buffers is None:
                 buffers = _Buffers(cfg, N, x.dtype, tiled=x.dtype == np.float32 and N > tunables.SWEEPS_UP_TO_ROWS)
             x = _block(cfg, model.layers[l], l, x, tables, attention, rows, buffers)
-        h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, empty64(x.shape, x.dtype) if work is None else work.h)
+        reuse = work is not None and work.h.shape == x.shape  # (a last layer that kept fewer rows: a new array)
+        h = rmsnorm_into(x, model.final_norm, cfg.norm_eps, work.h if reuse else empty64(x.shape, x.dtype))
         return project(h, model.lm_head, np.empty((h.shape[0], cfg.vocab_size), h.dtype))  # [Nq, V]
 
 

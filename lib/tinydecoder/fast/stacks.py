@@ -6,7 +6,7 @@ blocks (each a NamedTuple of arrays and tuples) that costs ~90 us, as much as ca
 did (~18 us a layer in a SmolLM2 Q4_1 decode step, 13% of it: the Python between the calls runs
 from memory after each layer's weights have streamed through the caches). A typed list is checked
 in ~1 us whatever it holds, but filling one from Python costs ~1.5 us an item, so both lists are
-kept:
+kept (timings: 2 vCPUs of an AMD EPYC, Zen 5, December 2026; docs/fast_path.md):
 
 - `blocks(model, kind, make)`: the list of `make(config, layer)` over the model's layers, kept per model
   and kind while the layers' weights are the same objects (checked each pass, ~5 us);
