@@ -29,13 +29,15 @@ WEIGHTS = ("f32", "q4_1")
 # whose decode step reads a fifth of the bytes. Passes over many rows of one sequence (generate's
 # --speculative and --beams), float32 shards (--tensor-parallel) and bench's main table (its targets
 # are float32's): DEFAULT_WEIGHTS. Measured on a 2-vCPU AMD EPYC Zen 5 VM, December 2026: `bench
-# --model smollm2` q4_1 decode at context 128 233-294 tokens/s (a step's row by quant_planes'
-# lookups), 2.3-3.7x float32's (the ratio follows float32's bandwidth-bound speed, 71-114 tokens/s);
-# a pass over 8 rows 2.5-2.6 of q4_1's steps (float32's: 1.4-1.7), above its arithmetic floor of
-# ~1.0 (perf.weights_bench.pass_floor at the cores' multiply-add peak). serve's engine (token budget 80, 16 running, chunks of 64;
-# 48-token prompts, 48 new tokens each; medians of 3-4 alternating runs): 1 request q4_1 178 tokens/s
-# against f32 82, 4 requests 243 against 169, 8 296 against 277, 12 305 against 289, 16 304 against
-# 319 (earlier the same day: 302 against 312).
+# --model smollm2` q4_1 decode at context 128 261-325 tokens/s (a step's row by quant_planes'
+# lookups, every layer in one compiled call), 3.3-4.1x float32's (the ratio follows float32's
+# bandwidth-bound speed, 74-83 tokens/s those runs; 71-114 seen); a pass over 8 rows 2.6-2.8 of
+# q4_1's steps (float32's: 1.1-1.7), above its arithmetic floor of 1.1-1.5 (perf.weights_bench.
+# pass_floor at the cores' multiply-add peak). serve's engine (token budget 80, 16 running, chunks
+# of 64; 48-token prompts, 48 new tokens each; medians of 3 alternating runs): 1 request q4_1 248
+# tokens/s against f32 74, 4 requests 344 against 194, 16 448 against 464 (earlier, before a pass
+# ran its layers in one call: 1 request 178 against 82, 4 243 / 169, 8 296 / 277, 12 305 / 289,
+# 16 304 / 319).
 DEFAULT_WEIGHTS = "f32"
 ONE_STREAM_WEIGHTS = "q4_1"
 SERVE_Q4_1_UP_TO_BATCH = 16
