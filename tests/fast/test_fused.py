@@ -47,19 +47,11 @@ def pair(cfg, seed=5):
 
 
 @pytest.fixture
-def layers_run(monkeypatch):
+def layers_run(monkeypatch, fused_layers_of):
     """Every matrix goes to numba's products (the toy matrices are below SKINNY_MIN_WEIGHTS); the
     list collects the rows of each layer fused.run_layers ran (all of them in one call)."""
     monkeypatch.setattr(tunables, "SKINNY_MIN_WEIGHTS", 0)
-    calls, real = [], fused.run_layers
-
-    def run_layers(model, x, *a):
-        ran = real(model, x, *a)
-        calls.extend([x.shape[0]] * ran)
-        return ran
-
-    monkeypatch.setattr(fused, "run_layers", run_layers)
-    return calls
+    return fused_layers_of(fused)
 
 
 def unfused(monkeypatch):

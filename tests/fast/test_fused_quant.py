@@ -66,17 +66,9 @@ def dequantised(model):
 
 
 @pytest.fixture
-def layers_run(monkeypatch):
+def layers_run(fused_layers_of):
     """The rows of each layer fused_quant.run_layers ran (all of them in one call)."""
-    calls, real = [], fused_quant.run_layers
-
-    def run_layers(model, x, *a):
-        ran = real(model, x, *a)
-        calls.extend([x.shape[0]] * ran)
-        return ran
-
-    monkeypatch.setattr(fused_quant, "run_layers", run_layers)
-    return calls
+    return fused_layers_of(fused_quant)
 
 
 def tokens(n, seed):
