@@ -74,3 +74,29 @@ def test_cli_speculative_refuses_flags_it_does_not_honour(flag, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert f"--speculative does not apply {flag[0]}" in err and err.count("\n") == 1
+
+
+def test_a_cache_that_is_not_one_is_refused_by_both_paths(toy):
+    """check_cache asks for the Cache protocol's three methods itself (what isinstance(x, Cache)
+    asks, faster): every cache kind passes, anything missing one is refused with what is needed."""
+    from tinydecoder.core.cache import Cache
+    from tinydecoder.serving.paged import PagedKVPool
+
+    class NoAppend:
+        def __len__(self):
+            return 0
+
+        def check(self, config, dtype=None):
+            pass
+
+    pool = PagedKVPool.for_model(toy, 4, 4)
+    for good in (toy.new_cache(), td.QuantizedKVCache(toy.config, group_size=4, dtype=toy.dtype), pool.new_sequence()):
+        assert isinstance(good, Cache)
+        td.forward(toy, [1, 2], good)
+        td.fast.forward(toy, [3], good)
+    for bad in ({}, [], NoAppend(), np.zeros((2, 1, 4))):
+        assert not isinstance(bad, Cache)
+        for forward in (td.forward, td.fast.forward):
+            with pytest.raises(TypeError, match=f"cache must be a KV cache .* with __len__, check and append.* "
+                                                f"got {type(bad).__name__}"):
+                forward(toy, [1, 2], bad)
