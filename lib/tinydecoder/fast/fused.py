@@ -186,8 +186,13 @@ def _block_of(cfg, w) -> Block | None:
     """A layer's `Block` where it `fits`, else None."""
     if not fits(w):
         return None
-    return Block(w.attn_norm, w.ffn_norm, w.w_qkv.T, w.wo.T, w.w_gate_up.T, w.w_down.T, np.float32(cfg.norm_eps),
-                 cfg.n_heads, np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
+    return Block(w.attn_norm, w.ffn_norm, w.w_qkv.T, w.wo.T, w.w_gate_up.T, w.w_down.T, *block_constants(cfg))
+
+
+def block_constants(cfg) -> tuple:
+    """A block's constants as `Block` and fused_quant's QuantBlock end with them: (eps, n_heads,
+    1 / sqrt(d), RoPE's "halves" layout or not)."""
+    return np.float32(cfg.norm_eps), cfg.n_heads, np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves"
 
 
 def _layers(x, blocks, stop, cos, sin, ks, vs, table, block, start, work, tiled, threads):  # pragma: no cover - numba

@@ -17,7 +17,6 @@ need quant_rows' tiles. As in `fused`, `run_layers` runs all the layers in one c
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -86,8 +85,7 @@ def _block_of(rows: int):
         if not fits(w, rows):
             return None
         return QuantBlock(w.attn_norm, w.ffn_norm, _kernel_args(w.w_qkv, rows), _kernel_args(w.wo, rows),
-                          _kernel_args(w.w_gate_up, rows), _kernel_args(w.w_down, rows), np.float32(cfg.norm_eps),
-                          cfg.n_heads, np.float32(1.0 / math.sqrt(cfg.head_dim)), cfg.rope_layout == "halves")
+                          _kernel_args(w.w_gate_up, rows), _kernel_args(w.w_down, rows), *fused.block_constants(cfg))
     return make
 
 

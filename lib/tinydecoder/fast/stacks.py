@@ -39,9 +39,10 @@ def blocks(model, kind, make):
     all of one numba type."""
     weights = _weights(model)
     kept = _by_model.get(id(model))
-    if kept is None or kept[0]() is not model or not all(map(is_, weights, kept[1])):
-        if kept is None or kept[0]() is not model:
-            weakref.finalize(model, _by_model.pop, id(model), None)
+    if kept is None or kept[0]() is not model:  # this model's first pass: forget it when it goes
+        weakref.finalize(model, _by_model.pop, id(model), None)
+        kept = None
+    if kept is None or not all(map(is_, weights, kept[1])):  # new, or a layer's weight replaced
         kept = _by_model[id(model)] = (weakref.ref(model), weights, {})
     if kind not in kept[2]:
         kept[2][kind] = _typed_list([make(model.config, w) for w in model.layers])
