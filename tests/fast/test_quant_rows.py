@@ -73,7 +73,7 @@ def test_rows_times_equals_dequantised_product(kind, N, K):
     raw = random_blocks(rng, N, K, kind)
     w = qr.QuantMatrix.from_blocks(raw, kind, K)
     W = gguf_weights(raw, kind, K).astype(np.float64)  # [N, K]
-    for M in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40):
+    for M in (1, 2, 3, 4, 5, 7, 8, 9, 13, 15, 16, 17, 40):  # 13 and 15: 8, then 4, then 1 or 3
         x = rng.standard_normal((M, K)).astype(np.float32)
         x[0, :32] = 0.0  # a block of zeros in the input
         out = qr.rows_times(x, w, np.full((M, N), np.nan, np.float32))

@@ -28,8 +28,9 @@ rows of a Q4_1 matrix (a decode step, a check of one guess) run quant_planes' lo
 a second layout of the same 4-bit numbers, made as checkpoint.quant_model loads the model). Up to
 ROWS_UP_TO rows otherwise (a decode step where planes do not apply, a speculative check, a small
 batch), `_rows`: quant_dots' `outputs` kernels take OUTPUTS output rows a call against ROWS_A_CALL
-input rows (8 with AVX-512) or the 1-4 left, read in the file's order with the memory asked for
-PREFETCH_BYTES ahead, each block decoded once for the input rows, several blocks' sums in flight,
+input rows (8 with AVX-512) or the 1-4 left, each kernel in a loop of its own (`make_over_outputs`,
+chosen once per part by `_over`), read in the file's order with the memory asked for PREFETCH_BYTES
+ahead, each block decoded once for the input rows, several blocks' sums in flight,
 each output summed in registers; the few output rows left run `dots`, one a call. More rows (a
 prefill), `_tiles`: each task dequantises TILE_OUTPUTS output rows into a small float32 buffer and runs
 tiles.py's register tile over them; from DENSE_FROM_ROWS rows a matrix is dequantised whole
@@ -39,8 +40,8 @@ Measured (SmolLM2, December 2026, 2 vCPUs of an AMD EPYC Zen 5 VM; one thread, o
 at K = 576): 4.2 cycles a block with a call and a sum in memory per output row, 2.4-2.6 with
 `outputs`; a decode step on 2 threads 5.1 ms before, 3.4-4.2 ms with it and the prefetch; the Q8_0
 head over 4 rows 1.88 ms in `dots`, 1.37 in `outputs`; over 8 rows 2.90 in two calls of 4, 1.77
-in one of 8. Several rows stay bound by decoding the blocks (8 rows 2.5-2.6 of quant_planes'
-decode steps, against perf.weights_bench.pass_floor's ~1.0 at the cores' multiply-add peak);
+in one of 8. Several rows are bound by the multiply-adds and the blocks' decoding (a pass over 8
+rows ~2.7 of quant_planes' decode steps, its multiply-adds alone 1.1-1.5: docs/fast_path.md);
 prefill 0.97-0.99x float32's, 0.87x while the machine's neighbours fill the shared L3 (the
 dequantised 7 MB scratch then goes to memory; docs/fast_path.md).
 """
@@ -74,14 +75,14 @@ prange = range  # numba.prange once compiled (jit.compiled)
 INLINE = ("_block_sums", "_dots", "compiled.tiles.tile", "compiled.tiles.tile8", "compiled.tiles.TILE_OUTPUTS",
           "compiled.quant_decode.q41_dequant",
           "compiled.quant_decode.q80_dequant",
-          *(f"compiled.quant_dots.q{t}_outputs{R}" for t in ("41", "80") for R in (1, 2, 3, 4, 8)), "_outputs",
+          *(f"compiled.quant_dots.q{t}_over{R}" for t in ("41", "80") for R in (1, 2, 3, 4, 8)), "_over",
           "compiled.quant_dots.ROWS_A_CALL", "compiled.quant_dots.TABLE",
           *(f"compiled.quant_dots.q{t}_dots{R}" for t in ("41", "80") for R in (1, 2, 3, 4)))  # compiled into the kernels
 tile = tile8 = None  # tiles.py's register tiles, bound by jit.compiled (tiles imports numba)
 q41_dots1 = q41_dots2 = q41_dots3 = q41_dots4 = None  # quant_dots' intrinsics, bound by jit.compiled
 q80_dots1 = q80_dots2 = q80_dots3 = q80_dots4 = q41_dequant = q80_dequant = None
-q41_outputs1 = q41_outputs2 = q41_outputs3 = q41_outputs4 = q41_outputs8 = None
-q80_outputs1 = q80_outputs2 = q80_outputs3 = q80_outputs4 = q80_outputs8 = None
+q41_over1 = q41_over2 = q41_over3 = q41_over4 = q41_over8 = None  # quant_dots' loops around its `outputs` kernels
+q80_over1 = q80_over2 = q80_over3 = q80_over4 = q80_over8 = None
 ROWS_A_CALL = 4  # quant_dots.ROWS_A_CALL (8 where the CPU has AVX-512), bound by jit.compiled
 TABLE = False  # quant_dots.TABLE (Q4_1 blocks by table, where the CPU has AVX-512), bound by jit.compiled
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
@@ -167,8 +168,8 @@ def _block_sums(x, sx):  # pragma: no cover - runs compiled by numba
 def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
     """out[:, cols[n]] = x @ W[n] for each row n of blocks in each part (raws[p], colss[p]; Q4_1
     or Q8_0): each thread takes a contiguous share of each part's rows, and each output row runs
-    against the input rows 4 at a time (quant_dots: the blocks decoded in registers, 32 lane-wise
-    sums per input row)."""
+    against the input rows ROWS_A_CALL at a time, then the 1-4 left (quant_dots: the blocks decoded
+    in registers, lane-wise sums per input row)."""
     M, K = x.shape
     nb = K // 32
     sums = q4_1 and not TABLE  # by table, a Q4_1 block's m is in its weights
@@ -182,17 +183,13 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
             raw, cols = raws[p], colss[p]
             N, row_bytes = raw.shape
             n0, n1 = t * N // threads, (t + 1) * N // threads
-            while n0 + OUTPUTS <= n1:  # OUTPUTS output rows a call, against ROWS_A_CALL or 1-4 input rows
-                m0 = 0
-                while m0 < M:  # the next input rows against the same blocks, now in cache
-                    R = ROWS_A_CALL if M - m0 >= ROWS_A_CALL else min(4, M - m0)
-                    _outputs(q4_1, R, raw, n0 * row_bytes, x, m0 * K, K, sx, m0 * nb, acc_o)
-                    for o in range(OUTPUTS):
-                        for r in range(R):
-                            out[m0 + r, cols[n0 + o]] = acc_o[o * R + r]
-                    m0 += R
-                n0 += OUTPUTS
-            for n in range(n0, n1):
+            left, m0 = n0, 0  # the first output row the loops leave
+            while m0 < M:  # ROWS_A_CALL input rows a call (all of them in one loop), then the 1-4 left
+                R = ROWS_A_CALL if M - m0 >= ROWS_A_CALL else min(4, M - m0)
+                m1 = m0 + R * ((M - m0) // R) if R == ROWS_A_CALL else m0 + R
+                left = _over(q4_1, R, raw, cols, n0, n1, x, m0, m1, sx, acc_o, out)
+                m0 = m1
+            for n in range(left, n1):  # the few output rows left, one a call
                 m0 = 0
                 while m0 < M:
                     R = min(4, M - m0)
@@ -205,29 +202,28 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
                     m0 += R
 
 
-def _outputs(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
-    """quant_dots' `outputs` intrinsic for the block type and R (1-4, or 8) input rows."""
+def _over(q4_1, R, raw, cols, n0, n1, x, m0, m1, sx, acc, out):  # pragma: no cover - compiled only
+    """quant_dots' loop around the `outputs` kernel for the block type and R (1-4, or 8) input rows
+    (`make_over_outputs`): a part's output rows n0.. against input rows m0 .. m1; -> the row it left."""
     if not q4_1:
         if R == 8:
-            q80_outputs8(raw, w_start, x, x_start, K, sx, sx_start, acc)
-        elif R == 4:
-            q80_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
-        elif R == 3:
-            q80_outputs3(raw, w_start, x, x_start, K, sx, sx_start, acc)
-        elif R == 2:
-            q80_outputs2(raw, w_start, x, x_start, K, sx, sx_start, acc)
-        else:
-            q80_outputs1(raw, w_start, x, x_start, K, sx, sx_start, acc)
-    elif R == 8:
-        q41_outputs8(raw, w_start, x, x_start, K, sx, sx_start, acc)
-    elif R == 4:
-        q41_outputs4(raw, w_start, x, x_start, K, sx, sx_start, acc)
-    elif R == 3:
-        q41_outputs3(raw, w_start, x, x_start, K, sx, sx_start, acc)
-    elif R == 2:
-        q41_outputs2(raw, w_start, x, x_start, K, sx, sx_start, acc)
-    else:
-        q41_outputs1(raw, w_start, x, x_start, K, sx, sx_start, acc)
+            return q80_over8(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        if R == 4:
+            return q80_over4(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        if R == 3:
+            return q80_over3(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        if R == 2:
+            return q80_over2(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        return q80_over1(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+    if R == 8:
+        return q41_over8(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+    if R == 4:
+        return q41_over4(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+    if R == 3:
+        return q41_over3(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+    if R == 2:
+        return q41_over2(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+    return q41_over1(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
 
 
 def _dots(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
