@@ -153,7 +153,8 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
     """quant_dots' kernels, each compiled both ways whatever this machine picks (TABLE): blocks
     converted to floats, or Q4_1 weights picked from a table of 16 (AVX-512 only); R input rows
     against one output row (make_dots: 1-4 rows, UNROLL blocks in flight and a tail) and 1-4 input
-    rows and 8 against OUTPUTS output rows (make_outputs), on distinct random blocks."""
+    rows and 8 against OUTPUTS output rows (make_outputs; by table also with d and m read from
+    float32 scales, the same numbers), on distinct random blocks."""
     from tinydecoder.fast.compiled import quant_dots as qd
 
     if table and (kind != "Q4_1" or not qd.has_avx512()):
@@ -171,8 +172,13 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
     def compiled(make, *args):  # a compiled function that calls the intrinsic at offsets 0, once for every K
         if (make, args) not in _KERNELS:
             intrinsic = make(*args)
-            _KERNELS[make, args] = numba.njit(lambda raw, x, K, sx, acc: intrinsic(raw, 0, x, 0, K, sx, 0, acc))
+            if make is qd.make_outputs:  # the blocks' float32 scales too
+                _KERNELS[make, args] = numba.njit(lambda raw, x, K, sx, dm, acc: intrinsic(raw, 0, x, 0, K, sx, 0, dm, 0, acc))
+            else:
+                _KERNELS[make, args] = numba.njit(lambda raw, x, K, sx, acc: intrinsic(raw, 0, x, 0, K, sx, 0, acc))
         return _KERNELS[make, args]
+
+    dm = qr.block_scales(raw) if table else np.zeros((0, 0), np.float32)  # read by table only
 
     alone = {}
     for R in (1, 2, 3, 4):
@@ -182,17 +188,53 @@ def test_both_ways_of_reading_q4_1_blocks_give_the_product(kind, table, K):
         got = acc[:, :32].astype(np.float64).sum(axis=1) + acc[:, 32]
         err = np.abs(got - x[:R].astype(np.float64) @ W[0])
         assert (err <= bound(x[:R], raw[:1], kind, K)[:, 0]).all(), (R, err)
+    from_blocks = {}
     for R in (1, 2, 3, 4, 8):
         for pair in (False, True):  # one output row at a time, or two side by side
-            outputs = compiled(qd.make_outputs, kind, O, table, R, pair)
-            acc = np.full(O * R, np.nan, np.float32)
-            outputs(flat, x, K, sx, acc)
-            err = np.abs(acc.reshape(O, R) - W @ x[:R].T.astype(np.float64))
-            assert (err <= bound(x[:R], raw, kind, K).T).all(), (R, pair, err)
-            if pair and R <= 4:  # the same sums in the same order as one at a time
-                assert np.array_equal(acc, alone[R]), R
-            if not pair:
-                alone[R] = acc
+            for scales in (False, True) if table else (False,):  # d and m from the blocks, or from `dm`
+                outputs = compiled(qd.make_outputs, kind, O, table, R, pair, scales)
+                acc = np.full(O * R, np.nan, np.float32)
+                outputs(flat, x, K, sx, dm, acc)
+                err = np.abs(acc.reshape(O, R) - W @ x[:R].T.astype(np.float64))
+                assert (err <= bound(x[:R], raw, kind, K).T).all(), (R, pair, scales, err)
+                if scales:  # the same numbers as with d and m read from the blocks
+                    assert np.array_equal(acc, from_blocks[R, pair]), (R, pair)
+                else:
+                    from_blocks[R, pair] = acc.copy()
+                if pair and R <= 4:  # the same sums in the same order as one at a time
+                    assert np.array_equal(acc, alone[R]), R
+                if not pair:
+                    alone[R] = acc.copy()
+                if scales:  # the scales are what it reads: doubled d's, other products
+                    doubled = dm.copy()
+                    doubled[:, 0::2] *= 2
+                    outputs(flat, x, K, sx, doubled, acc)
+                    assert not np.allclose(acc.reshape(O, R), W @ x[:R].T.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+def test_scales_are_the_blocks_float16_d_and_m_made_once():
+    """quant_rows.scales: a Q4_1 matrix's (d, m) per block as float32, equal to the file's float16s,
+    made on first use and kept; a Q8_0 matrix (or one read without the table) gets placeholders."""
+    rng = np.random.default_rng(11)
+    raw = random_blocks(rng, 6, 96, "Q4_1")
+    w = qr.QuantMatrix([(raw[:4], np.array([1, 0, 3, 2])), (raw[4:], np.array([5, 4]))], "Q4_1", 96)
+    blocks = raw.reshape(6, 3, 20)
+    d, m = (blocks[..., a:a + 2].copy().view("<f2")[..., 0].astype(np.float32) for a in (0, 2))
+    got = qr.block_scales(raw)
+    assert got.dtype == np.float32 and got.shape == (6, 6)
+    assert np.array_equal(got[:, 0::2], d) and np.array_equal(got[:, 1::2], m)
+    if not jit.available():
+        return
+    from tinydecoder.fast.compiled import quant_dots as qd
+
+    first = qr.scales(w)
+    assert qr.scales(w) is first  # kept with the matrix
+    if qd.TABLE:
+        assert [s.shape for s in first] == [(4, 6), (2, 6)] and np.array_equal(first[1], got[4:])
+    else:
+        assert all(s.size == 0 for s in first)
+    q80 = qr.QuantMatrix.from_blocks(random_blocks(rng, 3, 64, "Q8_0"), "Q8_0", 64)
+    assert [s.size for s in qr.scales(q80)] == [0]
 
 
 def test_outputs_pair_takes_output_rows_two_at_a_time():

@@ -7,7 +7,8 @@ step instead of ~540 MB). The weights are the same numbers: the float32 cache ho
 dequantised blocks, so the two models differ only by the order of float32 sums. A decode step's
 products read each Q4_1 matrix in bit planes instead (`fast.compiled.quant_planes`: the same
 numbers in another order, 66 MB for SmolLM2's layers, made from the blocks as the model loads,
-39 ms, where numba and AVX-512 let them apply).
+39 ms, where numba and AVX-512 let them apply); a pass over 3 or 4 rows reads each Q4_1 block's d
+and m as float32 (`quant_rows.scales`: 27 MB, made on the first such pass, 24 ms).
 
 Laid out as `weights.py` lays the float32 model: Q, K and V fused into one [D, (Hq + 2Hkv) d]
 matrix and gate and up into one [D, 2F] (here as parts of a QuantMatrix, nothing copied); Q's

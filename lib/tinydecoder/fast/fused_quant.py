@@ -46,7 +46,8 @@ class QuantBlock(NamedTuple):
     blocks, their output columns, and whether it is Q4_1), and the block's constants."""
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
-    qkv: tuple  # (raws, cols, q4_1, planes, by_planes): by_planes, planes' lookups (1-2 rows), else raws' blocks
+    qkv: tuple  # (raws, cols, q4_1, planes, by_planes, scales): by_planes, planes' lookups (1-2 rows), else raws'
+    # blocks (with quant_rows.scales)
     wo: tuple
     gate_up: tuple
     down: tuple
@@ -59,7 +60,7 @@ class QuantBlock(NamedTuple):
 def _kernel_args(w: quant_rows.QuantMatrix, rows: int) -> tuple:
     planes = quant_planes.planes(w) if rows <= quant_planes.ROWS_UP_TO else None
     return (w.raws, w.cols, w.kind == "Q4_1", (_NO_PLANES,) * len(w.raws) if planes is None else planes,
-            planes is not None)
+            planes is not None, quant_rows.scales(w) if planes is None else (quant_rows._NO_SCALES,) * len(w.raws))
 
 
 def run_layers(model: Model, x, tables, cache, work: fused.Scratch, stop: int) -> int:
@@ -116,4 +117,4 @@ def _product(x, matrix, out, threads):  # pragma: no cover - compiled into _qlay
     if matrix[4]:
         _plane_rows(x, matrix[3], matrix[1], out, threads)
     else:
-        _rows(x, matrix[0], matrix[1], matrix[2], out, threads)
+        _rows(x, matrix[0], matrix[5], matrix[1], matrix[2], out, threads)

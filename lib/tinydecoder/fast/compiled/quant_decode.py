@@ -64,13 +64,18 @@ def _decoded(builder, kind, p):
     return builder.fmul(_splat(builder, d, 32, _F32), qf), m
 
 
-def _by_table(builder, p):
-    """A Q4_1 block's 32 weights fl(d q + m) as <32 x float>, each picked from the 16 possible."""
+def _by_table(builder, p, dm_p=None):
+    """A Q4_1 block's 32 weights fl(d q + m) as <32 x float>, each picked from the 16 possible. dm_p:
+    where the block's d and m lie as two float32s (quant_rows.scales: each broadcast by its load),
+    else None (the block's own float16s, converted and broadcast in registers)."""
     c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
     i32s = lambda v: ir.Constant(ir.VectorType(_I32, 16), [ir.Constant(_I32, v)] * 16)  # noqa: E731
-    dm = builder.fpext(builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1),
-                       ir.VectorType(_F32, 2))
-    d, m = builder.extract_element(dm, ir.Constant(_I32, 0)), builder.extract_element(dm, ir.Constant(_I32, 1))
+    if dm_p is None:
+        dm = builder.fpext(builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1),
+                           ir.VectorType(_F32, 2))
+        d, m = builder.extract_element(dm, ir.Constant(_I32, 0)), builder.extract_element(dm, ir.Constant(_I32, 1))
+    else:
+        d, m = builder.load(dm_p, align=4), builder.load(builder.gep(dm_p, [c64(1)]), align=4)
     fma16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V16, [_V16] * 3), "llvm.fma.v16f32")
     levels = ir.Constant(_V16, [ir.Constant(_F32, float(q)) for q in range(16)])
     table = builder.call(fma16, [_splat(builder, d, 16, _F32), levels, _splat(builder, m, 16, _F32)])

@@ -102,29 +102,40 @@ class _Args(NamedTuple):
     acc: ir.Value  # float*: acc's data
     K: ir.Value  # i64: inputs per row
     nb: ir.Value  # i64: blocks per row, K / 32
+    dm: ir.Value = None  # float*: dm.flat[dm_start], the output rows' (d, m) as float32 (`make_outputs`)
 
 
-def _blocks_intrinsic(emit):
+def _blocks_intrinsic(emit, scales: bool = False):
     """The numba intrinsic f(raw, w_start, x, x_start, K, sx, sx_start, acc) (raw C-contiguous uint8;
-    x, sx, acc C-contiguous float32) whose body `emit(builder, _Args)` writes."""
+    x, sx, acc C-contiguous float32) whose body `emit(builder, _Args)` writes; scales: with two more
+    arguments before acc, f(..., sx_start, dm, dm_start, acc) (dm C-contiguous float32)."""
+    arrays = (0, 2, 5, 7, 9) if scales else (0, 2, 5, 7)  # raw, x, sx, (dm,) acc
+    offsets = (1, 3, 4, 6, 8) if scales else (1, 3, 4, 6)  # w_start, x_start, K, sx_start, (dm_start)
 
-    @intrinsic
-    def kernel(typingctx, raw, w_start, x, x_start, K, sx, sx_start, acc):
-        ok = (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
-              and all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (x, sx, acc)))
-        if not ok:
-            return None
+    def check(raw, *rest):
+        return (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
+                and all(isinstance(rest[i - 1], types.Array) and rest[i - 1].dtype == types.float32
+                        and rest[i - 1].layout == "C" for i in arrays[1:]))
 
-        def codegen(context, builder, signature, args):
-            ra, xa, sa, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in (0, 2, 5, 7))
-            w0, x0, K_, s0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in (1, 3, 4, 6))
-            emit(builder, _Args(builder.gep(builder.bitcast(ra.data, _I8.as_pointer()), [w0]),
-                                builder.gep(builder.bitcast(xa.data, _F32.as_pointer()), [x0]),
-                                builder.gep(builder.bitcast(sa.data, _F32.as_pointer()), [s0]),
-                                builder.bitcast(aa.data, _F32.as_pointer()), K_, builder.sdiv(K_, ir.Constant(_I64, 32))))
-            return context.get_dummy_value()
+    def codegen(context, builder, signature, args):
+        ra, xa, sa, *da, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in arrays)
+        w0, x0, K_, s0, *d0 = (context.cast(builder, args[i], signature.args[i], types.intp) for i in offsets)
+        f32 = lambda a, at: builder.gep(builder.bitcast(a.data, _F32.as_pointer()), [at])  # noqa: E731
+        emit(builder, _Args(builder.gep(builder.bitcast(ra.data, _I8.as_pointer()), [w0]), f32(xa, x0), f32(sa, s0),
+                            builder.bitcast(aa.data, _F32.as_pointer()), K_, builder.sdiv(K_, ir.Constant(_I64, 32)),
+                            f32(da[0], d0[0]) if scales else None))
+        return context.get_dummy_value()
 
-        return types.void(raw, w_start, x, x_start, K, sx, sx_start, acc), codegen
+    if scales:
+        @intrinsic
+        def kernel(typingctx, raw, w_start, x, x_start, K, sx, sx_start, dm, dm_start, acc):
+            args = (raw, w_start, x, x_start, K, sx, sx_start, dm, dm_start, acc)
+            return (types.void(*args), codegen) if check(*args) else None
+    else:
+        @intrinsic
+        def kernel(typingctx, raw, w_start, x, x_start, K, sx, sx_start, acc):
+            args = (raw, w_start, x, x_start, K, sx, sx_start, acc)
+            return (types.void(*args), codegen) if check(*args) else None
 
     return kernel
 
@@ -142,7 +153,7 @@ def make_dots(kind: str, R: int, table: bool = False):
     block_bytes = _block_bytes(kind, table)
 
     def emit(builder, a: _Args) -> None:
-        raw_p, x_p, s_p, acc_p, K_, nb = a
+        raw_p, x_p, s_p, acc_p, K_, nb, _ = a
         c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V32, [_V32] * 3), "llvm.fma.v32f32")
         U = UNROLL[R]
@@ -186,18 +197,23 @@ def _reduce(builder, v):
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool = False):
+def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool = False, scales: bool = False):
     """R input rows against O output rows (a decode step's products, or a few rows'): the intrinsic
 
-        outputs(raw, w_start, x, x_start, K, sx, sx_start, acc)
+        outputs(raw, w_start, x, x_start, K, sx, sx_start, dm, dm_start, acc)
 
     writes acc[o * R + r] = x.flat[x_start + r K : ... + K] . W_o for the O consecutive rows of
     blocks at raw.flat[w_start + o * K/32 * bytes] (Q4_1's m term included, from the rows' block
-    sums sx.flat[sx_start + r K/32:]). The output rows are read one after another, in the file's
-    order (4 rows read side by side, without the prefetch, left the hardware prefetcher behind: the
-    30 MB head ran at a third of the speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums
-    in flight, and each sum is added up in registers: no call, no store and reload per output row,
-    which at K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block.
+    sums sx.flat[sx_start + r K/32:]). By table, each block's d and m are read as float32 from
+    dm.flat[dm_start + 2 (o K/32 + b):] (quant_rows.scales), each broadcast to the table's 16 lanes
+    by its load, where the file's two float16s took a conversion and three shuffles a block (one
+    thread, in cache, a 1536 x 576 matrix, ns a block: 3 rows 1.43 -> 1.25, 4 rows 1.76 -> 1.54, 8
+    rows 2.84 -> 2.75, the same numbers bit for bit); other blocks read no dm (an empty array will
+    do). The output rows are read one after another, in the file's order (4 rows read side by side,
+    without the prefetch, left the hardware prefetcher behind: the 30 MB head ran at a third of the
+    speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums in flight,
+    and each sum is added up in registers: no call, no store and reload per output row, which at
+    K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block.
 
     pair: two output rows side by side (both prefetched), so that each input row's 32 numbers,
     loaded once, serve both rows' blocks: half the loads of the input rows, which bind the loop
@@ -211,14 +227,17 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool 
     narrow = pair and R > 4  # 16-lane sums (the docstring)
 
     def emit(builder, a: _Args) -> None:
-        raw_p, x_p, s_p, acc_p, K_, nb = a
+        raw_p, x_p, s_p, acc_p, K_, nb, _ = a
         c64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
         row_bytes = builder.mul(nb, c64(block_bytes))
         U = OUTPUT_UNROLL[R]
 
         def weights(o, b):  # output o's block b: its 32 weights (d q, or by table d q + m) and m (or None)
             p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
-            return (_by_table(builder, p), None) if table else _decoded(builder, kind, p)
+            if not table:
+                return _decoded(builder, kind, p)
+            dm_p = builder.gep(a.dm, [builder.mul(builder.add(builder.mul(c64(o), nb), b), c64(2))]) if scales else None
+            return _by_table(builder, p, dm_p), None
 
         def block(outs, b, st):  # outputs `outs`' block b against the R rows: st = per output, R sums and R m-sums
             return _against_rows(builder, a, [weights(o, b) for o in outs], b, st, R, narrow)
@@ -227,6 +246,9 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool 
             p = builder.gep(raw_p, [builder.add(builder.mul(c64(o), row_bytes), builder.mul(b, c64(block_bytes)))])
             for line in range(0, U * block_bytes, 64):
                 _prefetch_line(builder, builder.gep(p, [c64(PREFETCH_BYTES + line)]))
+            if scales:  # and the scales as far ahead in blocks (8 bytes a block)
+                at = builder.mul(builder.add(builder.mul(c64(o), nb), b), c64(2))
+                _prefetch_line(builder, builder.gep(a.dm, [builder.add(at, c64(2 * PREFETCH_BYTES // block_bytes))]))
             return []
 
         lanes = _V16 if narrow else _V32
@@ -251,7 +273,7 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool 
                     builder.store(builder.fadd(_reduce(builder, final[2 * R * i + r]), final[2 * R * i + R + r]),
                                   builder.gep(acc_p, [c64(oi * R + r)]), align=4)
 
-    return _blocks_intrinsic(emit)
+    return _blocks_intrinsic(emit, scales=True)
 
 
 def _against_rows(builder, a: _Args, decoded: list, b, st: list, R: int, narrow: bool) -> list:
@@ -296,8 +318,10 @@ OUTPUT_UNROLL = {1: 3, 2: 2, 3: 1, 4: 1, 8: 1}
 # decoding by table costs more than its input rows' loads; a Q8_0 block's conversion less). AVX-512
 # only: two outputs' 32-lane sums for 2-4 rows fill AVX2's 16 registers twice over.
 PAIR_FROM = {"Q4_1": 3, "Q8_0": 2} if has_avx512() else {"Q4_1": 9, "Q8_0": 9}
+# Input rows whose `outputs` kernels read a Q4_1 block's d and m from quant_rows.scales (by table).
+SCALES_ROWS = (3, 4) if TABLE else ()
 q41_outputs1, q41_outputs2, q41_outputs3, q41_outputs4, q41_outputs8 = (
-    make_outputs("Q4_1", OUTPUTS, TABLE, R, pair=R >= PAIR_FROM["Q4_1"]) for R in (1, 2, 3, 4, 8))
+    make_outputs("Q4_1", OUTPUTS, TABLE, R, pair=R >= PAIR_FROM["Q4_1"], scales=R in SCALES_ROWS) for R in (1, 2, 3, 4, 8))
 q80_outputs1, q80_outputs2, q80_outputs3, q80_outputs4, q80_outputs8 = (
     make_outputs("Q8_0", OUTPUTS, False, R, pair=R >= PAIR_FROM["Q8_0"]) for R in (1, 2, 3, 4, 8))
 # Input rows an `outputs` call takes while that many are left (quant_rows._rows; fewer: 1-4 a call).
@@ -309,24 +333,25 @@ ROWS_A_CALL = 8 if TABLE else 4
 def make_over_outputs(outputs, R: int):
     """The loop around an `outputs` kernel of R input rows, compiled into quant_rows' `_rows`:
 
-        n = over(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        n = over(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
 
     runs the kernel on one part's output rows n0, n0 + 1, ..., OUTPUTS a call while OUTPUTS are
     left before n1, against the input rows m0 .. m1 (x [M, K], R at a time, each group of output
-    rows' blocks in cache for all of them), writing out[m, cols[n]] = x[m] . W_n; -> the first
-    output row it left (`dots` takes the rest). One loop per kernel, chosen once by the caller: a
+    rows' blocks in cache for all of them; dm: the part's quant_rows.scales, [rows, 2 K/32] or
+    empty), writing out[m, cols[n]] = x[m] . W_n; -> the first output row it left (`dots` takes
+    the rest). One loop per kernel, chosen once by the caller: a
     loop that chose among the ten kernels at each call (LLVM's code for a loop around all ten)
     ran 20-29% slower than this one at 3 to 8 rows (one thread, a 3072 x 576 Q4_1 matrix: 3 rows
     2.02 against 1.44 ns a block, 4 rows 2.33 / 1.74, 8 rows 3.52 / 2.81; Zen 5, December 2026)."""
 
     @numba.njit(fastmath=True, inline="always")
-    def over(raw, cols, n0, n1, x, m0, m1, sx, acc, out):  # pragma: no cover - compiled only
+    def over(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out):  # pragma: no cover - compiled only
         K = x.shape[1]
         nb = K // 32
         row_bytes = raw.shape[1]
         while n0 + OUTPUTS <= n1:
             for m in range(m0, m1, R):
-                outputs(raw, n0 * row_bytes, x, m * K, K, sx, m * nb, acc)
+                outputs(raw, n0 * row_bytes, x, m * K, K, sx, m * nb, dm, n0 * dm.shape[1], acc)
                 for o in range(OUTPUTS):
                     for r in range(R):
                         out[m + r, cols[n0 + o]] = acc[o * R + r]

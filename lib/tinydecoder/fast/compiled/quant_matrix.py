@@ -37,6 +37,7 @@ class QuantMatrix:
         self.parts, self.kind, self.K, self.transposed = tuple(checked), kind, K, transposed
         self._where_cache = None  # `_where`'s map, made on first use
         self._planes = None  # quant_planes.planes': the parts in planes, or False where they do not apply
+        self._scales = None  # quant_rows.scales': the parts' (d, m) as float32, or placeholders
         self.raws, self.cols = tuple(r for r, _ in checked), tuple(c for _, c in checked)  # as the kernels take them
         self.N = sum(len(c) for _, c in checked)
         every = np.sort(np.concatenate([c for _, c in checked])) if checked else np.zeros(0, np.int64)
@@ -131,6 +132,14 @@ class QuantMatrix:
             return QuantMatrix(parts, self.kind, self.K)
         raise TypeError(f"a QuantMatrix [in, out] takes w[:, a:b] (whole parts), got {key!r}; "
                         f"np.asarray(w) dequantises it")
+
+
+def block_scales(raw: np.ndarray) -> np.ndarray:
+    """A Q4_1 part's (d, m) as float32, [rows, 2 * K/32] (d and m of block b at 2b and 2b + 1): the
+    file's float16s converted once (exactly), so that a kernel loads them as they are used."""
+    raw = np.asarray(raw, np.uint8)
+    blocks = raw.reshape(raw.shape[0], -1, BLOCK_BYTES["Q4_1"])
+    return np.ascontiguousarray(blocks[..., 0:4]).view("<f2").astype(np.float32).reshape(raw.shape[0], -1)
 
 
 def dequantize_rows(raw: np.ndarray, kind: str) -> np.ndarray:

@@ -53,7 +53,7 @@ import numpy as np
 
 from ..aligned import empty64, on64
 from . import jit, quant_planes
-from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, dequantize_rows  # noqa: F401 - this module's interface too
+from .quant_matrix import BLOCK, BLOCK_BYTES, QuantMatrix, block_scales, dequantize_rows  # noqa: F401 - this module's interface too
 
 # Up to this many rows: `_rows`; more: `_tiles` or dense. SmolLM2's 121 products (the head
 # included), 2 threads, medians of 3 alternating rounds: 12 rows 17.7 ms in `_rows` against 24.0,
@@ -88,7 +88,24 @@ TABLE = False  # quant_dots.TABLE (Q4_1 blocks by table, where the CPU has AVX-5
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
 
 
+_NO_SCALES = np.zeros((0, 0), np.float32)  # a part's scales where its kernels read none
+
+
 # ----------------------------------------------------------------------------- products
+
+def scales(w: QuantMatrix) -> tuple:
+    """Each part's blocks' (d, m) as float32 (quant_matrix.block_scales) where the `outputs` kernels
+    read them (Q4_1 by table, quant_dots' make_outputs), else an empty placeholder a part: made on a
+    matrix's first product over 3-16 rows (fewer take quant_planes' lookups where they apply) and
+    kept with it (8 bytes a block beside the file's 20: 27 MB for SmolLM2's layers, in a process
+    that runs such passes)."""
+    if w._scales is None:
+        from .quant_decode import TABLE  # imports numba: only where a kernel runs
+
+        q4_1_by_table = w.kind == "Q4_1" and TABLE
+        w._scales = tuple(block_scales(raw) if q4_1_by_table else _NO_SCALES for raw in w.raws)
+    return w._scales
+
 
 def fits(x, w) -> bool:
     """Whether `rows_times(x, w, out)` applies: numba, float32 rows [M, K], a QuantMatrix [K, N]."""
@@ -127,7 +144,7 @@ def product(x: np.ndarray, w: QuantMatrix, out: np.ndarray, work=None) -> np.nda
         jit.compiled(quant_planes._plane_rows)(x, planes, w.cols, out, threads)
         return out
     if M <= ROWS_UP_TO:
-        jit.compiled(_rows)(x, w.raws, w.cols, w.kind == "Q4_1", out, threads)  # every part in one call
+        jit.compiled(_rows)(x, w.raws, scales(w), w.cols, w.kind == "Q4_1", out, threads)  # every part in one call
         return out
     from . import tiles
 
@@ -165,11 +182,11 @@ def _block_sums(x, sx):  # pragma: no cover - runs compiled by numba
             sx[r, b] = s
 
 
-def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
+def _rows(x, raws, dms, colss, q4_1, out, threads):  # pragma: no cover - runs compiled by numba
     """out[:, cols[n]] = x @ W[n] for each row n of blocks in each part (raws[p], colss[p]; Q4_1
-    or Q8_0): each thread takes a contiguous share of each part's rows, and each output row runs
-    against the input rows ROWS_A_CALL at a time, then the 1-4 left (quant_dots: the blocks decoded
-    in registers, lane-wise sums per input row)."""
+    or Q8_0; dms[p]: its `scales`): each thread takes a contiguous share of each part's rows, and
+    each output row runs against the input rows ROWS_A_CALL at a time, then the 1-4 left
+    (quant_dots: the blocks decoded in registers, lane-wise sums per input row)."""
     M, K = x.shape
     nb = K // 32
     sums = q4_1 and not TABLE  # by table, a Q4_1 block's m is in its weights
@@ -180,14 +197,14 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
         acc = np.empty((4, 33), np.float32)
         acc_o = np.empty(8 * OUTPUTS, np.float32)
         for p in range(len(raws)):
-            raw, cols = raws[p], colss[p]
+            raw, dm, cols = raws[p], dms[p], colss[p]
             N, row_bytes = raw.shape
             n0, n1 = t * N // threads, (t + 1) * N // threads
             left, m0 = n0, 0  # the first output row the loops leave
             while m0 < M:  # ROWS_A_CALL input rows a call (all of them in one loop), then the 1-4 left
                 R = ROWS_A_CALL if M - m0 >= ROWS_A_CALL else min(4, M - m0)
                 m1 = m0 + R * ((M - m0) // R) if R == ROWS_A_CALL else m0 + R
-                left = _over(q4_1, R, raw, cols, n0, n1, x, m0, m1, sx, acc_o, out)
+                left = _over(q4_1, R, raw, dm, cols, n0, n1, x, m0, m1, sx, acc_o, out)
                 m0 = m1
             for n in range(left, n1):  # the few output rows left, one a call
                 m0 = 0
@@ -202,28 +219,28 @@ def _rows(x, raws, colss, q4_1, out, threads):  # pragma: no cover - runs compil
                     m0 += R
 
 
-def _over(q4_1, R, raw, cols, n0, n1, x, m0, m1, sx, acc, out):  # pragma: no cover - compiled only
+def _over(q4_1, R, raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out):  # pragma: no cover - compiled only
     """quant_dots' loop around the `outputs` kernel for the block type and R (1-4, or 8) input rows
     (`make_over_outputs`): a part's output rows n0.. against input rows m0 .. m1; -> the row it left."""
     if not q4_1:
         if R == 8:
-            return q80_over8(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+            return q80_over8(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
         if R == 4:
-            return q80_over4(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+            return q80_over4(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
         if R == 3:
-            return q80_over3(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+            return q80_over3(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
         if R == 2:
-            return q80_over2(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
-        return q80_over1(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+            return q80_over2(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
+        return q80_over1(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
     if R == 8:
-        return q41_over8(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        return q41_over8(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
     if R == 4:
-        return q41_over4(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        return q41_over4(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
     if R == 3:
-        return q41_over3(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        return q41_over3(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
     if R == 2:
-        return q41_over2(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
-    return q41_over1(raw, cols, n0, n1, x, m0, m1, sx, acc, out)
+        return q41_over2(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
+    return q41_over1(raw, dm, cols, n0, n1, x, m0, m1, sx, acc, out)
 
 
 def _dots(q4_1, R, raw, w_start, x, x_start, K, sx, sx_start, acc):  # pragma: no cover - compiled only
