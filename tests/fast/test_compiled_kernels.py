@@ -272,6 +272,8 @@ def test_the_first_call_of_a_kernel_runs_under_the_compile_lock_and_later_calls_
     assert again is not first and hasattr(again, "signatures") and len(again.signatures) == 1  # numba's dispatcher
     again(x * 2, out)
     assert taken == ["lock"] and out.tolist() == [1.0, 3.0, 5.0, 7.0]
+    first(x * 3, out)  # the function returned before the first call, kept by its caller: no lock either
+    assert taken == ["lock"] and out.tolist() == [1.0, 4.0, 7.0, 10.0]
     with jit._compile_lock():  # the real lock: a file this process can take (and take again after)
         pass
 
