@@ -60,7 +60,7 @@ class QuantBlock(NamedTuple):
 def _kernel_args(w: quant_rows.QuantMatrix, rows: int) -> tuple:
     planes = quant_planes.planes(w) if rows <= quant_planes.ROWS_UP_TO else None
     return (w.raws, w.cols, w.kind == "Q4_1", (_NO_PLANES,) * len(w.raws) if planes is None else planes,
-            planes is not None, quant_rows.scales(w) if planes is None else (quant_rows._NO_SCALES,) * len(w.raws))
+            planes is not None, quant_rows.scales(w) if planes is None else (quant_rows.NO_SCALES,) * len(w.raws))
 
 
 def run_layers(model: Model, x, tables, cache, work: fused.Scratch, stop: int) -> int:

@@ -112,10 +112,9 @@ def _blocks_intrinsic(emit, scales: bool = False):
     arrays = (0, 2, 5, 7, 9) if scales else (0, 2, 5, 7)  # raw, x, sx, (dm,) acc
     offsets = (1, 3, 4, 6, 8) if scales else (1, 3, 4, 6)  # w_start, x_start, K, sx_start, (dm_start)
 
-    def check(raw, *rest):
-        return (isinstance(raw, types.Array) and raw.dtype == types.uint8 and raw.layout == "C"
-                and all(isinstance(rest[i - 1], types.Array) and rest[i - 1].dtype == types.float32
-                        and rest[i - 1].layout == "C" for i in arrays[1:]))
+    def check(*args):  # the arrays' types: raw uint8, the others float32, all C-contiguous
+        return all(isinstance(args[i], types.Array) and args[i].layout == "C"
+                   and args[i].dtype == (types.uint8 if i == 0 else types.float32) for i in arrays)
 
     def codegen(context, builder, signature, args):
         ra, xa, sa, *da, aa = (context.make_array(signature.args[i])(context, builder, args[i]) for i in arrays)
@@ -204,16 +203,17 @@ def make_outputs(kind: str, O: int, table: bool = False, R: int = 1, pair: bool 
 
     writes acc[o * R + r] = x.flat[x_start + r K : ... + K] . W_o for the O consecutive rows of
     blocks at raw.flat[w_start + o * K/32 * bytes] (Q4_1's m term included, from the rows' block
-    sums sx.flat[sx_start + r K/32:]). By table, each block's d and m are read as float32 from
-    dm.flat[dm_start + 2 (o K/32 + b):] (quant_rows.scales), each broadcast to the table's 16 lanes
-    by its load, where the file's two float16s took a conversion and three shuffles a block (one
-    thread, in cache, a 1536 x 576 matrix, ns a block: 3 rows 1.43 -> 1.25, 4 rows 1.76 -> 1.54, 8
-    rows 2.84 -> 2.75, the same numbers bit for bit); other blocks read no dm (an empty array will
-    do). The output rows are read one after another, in the file's order (4 rows read side by side,
-    without the prefetch, left the hardware prefetcher behind: the 30 MB head ran at a third of the
-    speed), each block decoded once for the R rows, with OUTPUT_UNROLL[R] blocks' sums in flight,
-    and each sum is added up in registers: no call, no store and reload per output row, which at
-    K = 576 (18 blocks a row) cost as much as 1.7 blocks' work a block.
+    sums sx.flat[sx_start + r K/32:]). scales (by table): each block's d and m are read as float32
+    from dm.flat[dm_start + 2 (o K/32 + b):] (quant_rows.scales), each broadcast to the table's 16
+    lanes by its load, where the file's two float16s took a conversion and three shuffles a block
+    (one thread, in cache, a 1536 x 576 matrix, ns a block: 3 rows 1.43 -> 1.25, 4 rows 1.76 ->
+    1.54, 8 rows 2.84 -> 2.75, the same numbers bit for bit; SCALES_ROWS says which kernels do);
+    without scales no dm is read (an empty array will do). The output rows are read one after
+    another, in the file's order (4 rows read side by side, without the prefetch, left the hardware
+    prefetcher behind: the 30 MB head ran at a third of the speed), each block decoded once for the
+    R rows, with OUTPUT_UNROLL[R] blocks' sums in flight, and each sum is added up in registers: no
+    call, no store and reload per output row, which at K = 576 (18 blocks a row) cost as much as
+    1.7 blocks' work a block.
 
     pair: two output rows side by side (both prefetched), so that each input row's 32 numbers,
     loaded once, serve both rows' blocks: half the loads of the input rows, which bind the loop

@@ -88,7 +88,7 @@ TABLE = False  # quant_dots.TABLE (Q4_1 blocks by table, where the CPU has AVX-5
 OUTPUTS = 4  # quant_dots.OUTPUTS: output rows per call of the one-row kernels
 
 
-_NO_SCALES = np.zeros((0, 0), np.float32)  # a part's scales where its kernels read none
+NO_SCALES = np.zeros((0, 0), np.float32)  # a part's scales where its kernels read none (`scales`, fused_quant)
 
 
 # ----------------------------------------------------------------------------- products
@@ -103,7 +103,7 @@ def scales(w: QuantMatrix) -> tuple:
         from .quant_decode import TABLE  # imports numba: only where a kernel runs
 
         q4_1_by_table = w.kind == "Q4_1" and TABLE
-        w._scales = tuple(block_scales(raw) if q4_1_by_table else _NO_SCALES for raw in w.raws)
+        w._scales = tuple(block_scales(raw) if q4_1_by_table else NO_SCALES for raw in w.raws)
     return w._scales
 
 
